@@ -1,0 +1,53 @@
+"""The Desktop protocol: what an env needs from wherever its desktop lives.
+
+A backend owns a display (Xvfb here, a VM elsewhere) and everything started on it. Apps and checks talk to
+the desktop only through this protocol, so the same app adapter and task run on every backend.
+"""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ..actions import Action
+
+
+class DesktopError(RuntimeError):
+    """The desktop (display server, VM) is gone or unusable; the env must restart it."""
+
+
+@dataclass(frozen=True)
+class Window:
+    id: int
+    wm_class: str
+    title: str
+    x: int
+    y: int
+    width: int
+    height: int
+
+
+@runtime_checkable
+class Desktop(Protocol):
+    width: int
+    height: int
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def alive(self) -> bool: ...
+    def screenshot(self) -> np.ndarray:
+        """The whole screen as an (height, width, 3) uint8 RGB array."""
+    def input(self, action: Action) -> None:
+        """Perform one non-terminal action with the mouse or keyboard."""
+    def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
+              log: str | None = None) -> subprocess.Popen:
+        """Start a long-running program (an app) on this desktop, in a process group of its own."""
+    def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+        """Run a command on the desktop to completion."""
+    def read_file(self, path: str) -> bytes: ...
+    def write_file(self, path: str, data: bytes) -> None: ...
+    def windows(self) -> list[Window]: ...
+    def kill_group(self, proc: subprocess.Popen) -> None:
+        """Kill a spawned program and everything it started."""

@@ -1,0 +1,238 @@
+"""CodaEnv: one real desktop application as a Gymnasium environment.
+
+Observation: {"screenshot": (H, W, 3) uint8, "instruction": text[, "a11y_tree": text]}.
+Action: a pyautogui code string (or `DONE`/`FAIL`/`WAIT`/`ANS <text>`), parsed and whitelisted by
+`coda_env.actions`; or, with action_mode="structured", the array form of `actions.structured_space`.
+Reward: 0 until the episode ends; then the task's checks give 1.0 or 0.0.
+
+After every action the env waits until the screen has settled (no change for `settle_quiet` seconds,
+at most `settle_timeout`), instead of sleeping a fixed time.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+import string
+import tempfile
+import time
+from dataclasses import asdict
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from .actions import TERMINAL_KINDS, Action, ActionError, from_structured, parse_action, structured_space
+from .apps import AppError, get_app
+from .backends.base import DesktopError
+from .checks import run_checks
+from .tasks import Task, TaskError, load_tasks
+
+CHARSET = string.printable + "".join(chr(c) for c in range(0xA0, 0x3000))
+MAX_TEXT = 10_000
+
+
+def make_desktop(backend: str, width: int, height: int, **kwargs):
+    if backend == "local":
+        from .backends.local import LocalConfig, LocalDesktop
+        return LocalDesktop(LocalConfig(width=width, height=height, **kwargs))
+    raise ValueError(f"unknown backend {backend!r}; available: 'local'")
+
+
+class CodaEnv(gym.Env):
+    """A real app on a private desktop; tasks from `coda_env/tasks/<app>/`."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+
+    def __init__(self, app: str = "kalgebra", backend: str = "local", task: str | None = None,
+                 tasks: list[str] | None = None, screen: tuple[int, int] = (1280, 800), reward: str = "check",
+                 action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
+                 a11y_tree: bool = False, settle_timeout: float = 2.0, settle_quiet: float = 0.05,
+                 ready_timeout: float = 30.0, backend_options: dict | None = None):
+        if reward != "check":
+            raise ValueError(f"reward={reward!r} is not available yet; use reward='check'")
+        if action_mode not in ("text", "structured"):
+            raise ValueError("action_mode must be 'text' or 'structured'")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError("render_mode must be None or 'rgb_array'")
+        self.app_name, self.backend_name = app, backend
+        self.width, self.height = screen
+        self.render_mode, self.action_mode = render_mode, action_mode
+        self.max_steps, self.want_a11y = max_steps, a11y_tree
+        self.settle_timeout, self.settle_quiet, self.ready_timeout = settle_timeout, settle_quiet, ready_timeout
+        self._backend_options = backend_options or {}
+        all_tasks = load_tasks(app)
+        if task is not None and task not in all_tasks:
+            raise TaskError(f"unknown task {task!r} for app {app!r}")
+        unknown = [t for t in (tasks or []) if t not in all_tasks]
+        if unknown:
+            raise TaskError(f"unknown tasks for app {app!r}: {unknown}")
+        self.tasks = all_tasks
+        self.task_ids = [task] if task else (list(tasks) if tasks else list(all_tasks))
+        obs = {"screenshot": spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
+               "instruction": spaces.Text(max_length=MAX_TEXT, charset=CHARSET)}
+        if a11y_tree:
+            obs["a11y_tree"] = spaces.Text(max_length=1_000_000, charset=CHARSET, min_length=0)
+        self.observation_space = spaces.Dict(obs)
+        self.action_space = (spaces.Text(max_length=MAX_TEXT, charset=CHARSET) if action_mode == "text"
+                             else structured_space(screen))
+        self.desktop = make_desktop(backend, self.width, self.height, **self._backend_options)
+        self.app = get_app(app)
+        self.task: Task | None = None
+        self._proc = None
+        self._profile: str | None = None
+        self._obs: dict[str, Any] | None = None
+        self._steps = 0
+        self._done = True
+
+    # ----------------------------------------------------------------------------------------- helpers
+    def _settle(self, timeout: float | None = None) -> tuple[np.ndarray, float]:
+        """Poll screenshots until the screen is unchanged for settle_quiet seconds (or timeout)."""
+        t0 = time.monotonic()
+        limit = t0 + (self.settle_timeout if timeout is None else timeout)
+        last = self.desktop.screenshot()
+        changed = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now - changed >= self.settle_quiet or now >= limit:
+                return last, now - t0
+            time.sleep(0.01)
+            cur = self.desktop.screenshot()
+            if not np.array_equal(cur, last):
+                last, changed = cur, time.monotonic()
+
+    def _observation(self, frame: np.ndarray) -> dict[str, Any]:
+        obs = {"screenshot": frame, "instruction": self.task.instruction if self.task else ""}
+        if self.want_a11y:
+            try:
+                obs["a11y_tree"] = self.app.tree(self.desktop).to_text()[: 1_000_000]
+            except (AppError, DesktopError) as e:
+                obs["a11y_tree"] = f"(accessibility tree unavailable: {e})"
+        return obs
+
+    def _stop_app(self) -> None:
+        self.app.close()
+        if self._proc is not None:
+            self.desktop.kill_group(self._proc)
+            self._proc = None
+        if self._profile:
+            shutil.rmtree(self._profile, ignore_errors=True)
+            self._profile = None
+
+    def _pick_task(self, options: dict | None) -> Task:
+        wanted = (options or {}).get("task")
+        if wanted is not None:
+            if wanted not in self.tasks:
+                raise TaskError(f"unknown task {wanted!r} for app {self.app_name!r}")
+            return self.tasks[wanted]
+        return self.tasks[self.task_ids[int(self.np_random.integers(len(self.task_ids)))]]
+
+    # ----------------------------------------------------------------------------------------- API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        timings: dict[str, float] = {}
+        t0 = time.monotonic()
+        self.task = self._pick_task(options)
+        self._stop_app()
+        if not self.desktop.alive():
+            self.desktop.start()
+        timings["desktop"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        self._profile = tempfile.mkdtemp(prefix=f"coda-{self.app_name}-")
+        self.desktop.app_home = self._profile
+        self._proc = self.app.launch(self.desktop, self._profile)
+        deadline = time.monotonic() + self.ready_timeout
+        while not self.app.ready(self.desktop):
+            if time.monotonic() > deadline:
+                raise AppError(f"{self.app_name} did not become ready within {self.ready_timeout}s")
+            time.sleep(0.01)
+        timings["launch"] = time.monotonic() - t1
+        t2 = time.monotonic()
+        for op in self.task.initialize:
+            self.app.setup(self.desktop, op)
+            self._settle()
+        timings["setup"] = time.monotonic() - t2
+        frame, timings["settle"] = self._settle()
+        timings["reset"] = time.monotonic() - t0
+        self._obs = self._observation(frame)
+        self._steps, self._done, self._answer = 0, False, None
+        return self._obs, {"task": self.task.id, "instruction": self.task.instruction, "timings": timings}
+
+    def step(self, action):
+        if self._done or self.task is None:
+            raise gym.error.ResetNeeded("call reset() before step() (the episode is over)")
+        self._steps += 1
+        info: dict[str, Any] = {"task": self.task.id, "step": self._steps, "action_error": None}
+        timings: dict[str, float] = {}
+        info["timings"] = timings
+        t0 = time.monotonic()
+        try:
+            acts = (parse_action(action, (self.width, self.height)) if self.action_mode == "text"
+                    else from_structured(action, (self.width, self.height)))
+        except ActionError as e:
+            acts = []
+            info["action_error"] = str(e)
+        terminal = next((a for a in acts if a.kind in TERMINAL_KINDS), None)
+        try:
+            for a in acts:
+                if a.kind not in TERMINAL_KINDS:
+                    self.desktop.input(a)
+            timings["action"] = time.monotonic() - t0
+            wait = any(a.kind == "wait" for a in acts)
+            frame, timings["settle"] = self._settle(timeout=self.settle_timeout * (2 if wait else 1))
+            t1 = time.monotonic()
+            self._obs = self._observation(frame)
+            timings["screenshot"] = time.monotonic() - t1
+        except (DesktopError, AppError, OSError) as e:
+            return self._crash(e, info)
+        budget = self.max_steps or self.task.steps
+        terminated = terminal is not None
+        truncated = not terminated and self._steps >= budget
+        reward = 0.0
+        if terminated or truncated:
+            if terminal is not None and terminal.kind == "answer":
+                self._answer = terminal.text
+            t2 = time.monotonic()
+            try:
+                reward, info = self._evaluate(info, terminal)
+            except (DesktopError, AppError, OSError) as e:
+                return self._crash(e, info)
+            timings["evaluate"] = time.monotonic() - t2
+            self._done = True
+        return self._obs, reward, terminated, truncated, info
+
+    def _evaluate(self, info: dict, terminal: Action | None) -> tuple[float, dict]:
+        state = self.app.state(self.desktop)
+        # FAIL is an answer too: an infeasible task is solved by {"type": "answer", "value": "FAIL"}
+        answer = "FAIL" if terminal is not None and terminal.kind == "fail" else self._answer
+        ok, results = run_checks(self.task.evaluate, state, answer)
+        info["success"] = ok
+        info["checks"] = [{"passed": r.passed, "type": r.check["type"], "detail": r.detail} for r in results]
+        info["answer"] = answer
+        return (1.0 if ok else 0.0), info
+
+    def _crash(self, error: Exception, info: dict):
+        """The app or the desktop died: end the episode as truncated and say why; reset() recovers."""
+        info["error"] = f"{type(error).__name__}: {error}"
+        info["success"] = False
+        self._done = True
+        if not self.desktop.alive():
+            self.desktop.stop()
+        obs = self._obs if self._obs is not None else self._observation(np.zeros((self.height, self.width, 3), np.uint8))
+        return obs, 0.0, False, True, info
+
+    def render(self):
+        if self.render_mode == "rgb_array" and self._obs is not None:
+            return self._obs["screenshot"]
+        return None
+
+    def state(self) -> dict[str, Any]:
+        """The app's current state as the checks see it (for debugging tasks)."""
+        return self.app.state(self.desktop)
+
+    def close(self):
+        try:
+            self._stop_app()
+        finally:
+            self.desktop.stop()
+        super().close()
