@@ -48,7 +48,7 @@ class CodaEnv(gym.Env):
                  tasks: list[str] | None = None, screen: tuple[int, int] = (1280, 800), reward: str = "check",
                  action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
                  a11y_tree: bool = False, settle_timeout: float = 2.0, settle_quiet: float = 0.05,
-                 ready_timeout: float = 30.0, backend_options: dict | None = None):
+                 ready_timeout: float = 30.0, info_timings: bool = True, backend_options: dict | None = None):
         if reward != "check":
             raise ValueError(f"reward={reward!r} is not available yet; use reward='check'")
         if action_mode not in ("text", "structured"):
@@ -61,6 +61,10 @@ class CodaEnv(gym.Env):
         self.max_steps, self.want_a11y = max_steps, a11y_tree
         self.settle_timeout, self.settle_quiet, self.ready_timeout = settle_timeout, settle_quiet, ready_timeout
         self._backend_options = backend_options or {}
+        # Per-phase timings of the last reset/step are always in `self.timings`; they are also put in `info`
+        # unless info_timings=False (gymnasium's check_env demands identical infos for identical seeds).
+        self.info_timings = info_timings
+        self.timings: dict[str, float] = {}
         all_tasks = load_tasks(app)
         if task is not None and task not in all_tasks:
             raise TaskError(f"unknown task {task!r} for app {app!r}")
@@ -156,7 +160,11 @@ class CodaEnv(gym.Env):
         timings["reset"] = time.monotonic() - t0
         self._obs = self._observation(frame)
         self._steps, self._done, self._answer = 0, False, None
-        return self._obs, {"task": self.task.id, "instruction": self.task.instruction, "timings": timings}
+        self.timings = timings
+        info = {"task": self.task.id, "instruction": self.task.instruction}
+        if self.info_timings:
+            info["timings"] = timings
+        return self._obs, info
 
     def step(self, action):
         if self._done or self.task is None:
@@ -164,7 +172,9 @@ class CodaEnv(gym.Env):
         self._steps += 1
         info: dict[str, Any] = {"task": self.task.id, "step": self._steps, "action_error": None}
         timings: dict[str, float] = {}
-        info["timings"] = timings
+        self.timings = timings
+        if self.info_timings:
+            info["timings"] = timings
         t0 = time.monotonic()
         try:
             acts = (parse_action(action, (self.width, self.height)) if self.action_mode == "text"

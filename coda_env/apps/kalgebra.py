@@ -126,10 +126,7 @@ class KAlgebra:
 
     @staticmethod
     def _inside(root: Node, node: Node, frame_names: tuple[str, ...]) -> bool:
-        for frame in root.children[0:0] or [c for c in root.walk() if c.role == "frame" and c.name in frame_names]:
-            if any(n is node for n in frame.walk()):
-                return True
-        return False
+        return any(n is node for f in root.find("frame") if f.name in frame_names for n in f.walk())
 
     # ------------------------------------------------------------------ setup operations
     def _press(self, desktop: Desktop, node: Node) -> None:
@@ -151,11 +148,18 @@ class KAlgebra:
             tab = {"console": "Calculator", "func_2d": "2D Graph", "func_3d": "3D Graph"}[func]
             self.setup(desktop, {"func": "tab", "name": tab})
             self._wait_tab(desktop, tab)
+            before = len(self.state(desktop)["functions_2d"])
             if func == "func_2d":  # the 2D tab's "Add" page holds the expression field
                 add = self.tree(desktop).first("page tab", "Add")
                 self._press(desktop, add)
             desktop.input(Action("type", text=op["expr"]))
             desktop.input(Action("press", keys=("enter",)))
+            if func == "func_2d":  # done when the new function is listed (the dock then shows its List page)
+                deadline = time.monotonic() + 5
+                while len(self.state(desktop)["functions_2d"]) <= before:
+                    if time.monotonic() > deadline:
+                        raise AppError(f"KAlgebra did not add the 2D function {op['expr']!r}")
+                    time.sleep(0.02)
         elif func == "write_file":
             desktop.write_file(os.path.expanduser(op["path"]).replace("~", desktop_home(desktop)), op["content"].encode())
         else:

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install what coda needs on Debian 12: the desktop packages and a virtual environment with the project.
+# Idempotent: packages already installed and an up-to-date venv are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra libgl1-mesa-dri)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.coda-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing the coda package into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
