@@ -109,7 +109,12 @@ class A11yClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise A11yError(f"{len(want)} accessibility requests got no answer within {self.timeout}s")
-            msg = self._conn.receive(timeout=left)
+            try:
+                msg = self._conn.receive(timeout=left)
+            except TimeoutError:
+                raise A11yError(f"{len(want)} accessibility requests got no answer within {self.timeout}s") from None
+            except (OSError, ConnectionError) as e:
+                raise A11yError(f"the accessibility bus connection failed: {e}") from None
             rs = msg.header.fields.get(HeaderFields.reply_serial)
             if rs in want:
                 i = want.pop(rs)

@@ -179,7 +179,7 @@ _FUNCS: dict[str, Callable[..., float]] = {
     "arccos": math.acos, "arctan": math.atan, "sinh": math.sinh, "cosh": math.cosh, "tanh": math.tanh,
     "arcsinh": math.asinh, "arccosh": math.acosh, "arctanh": math.atanh, "ln": math.log,
     "log": math.log10, "exp": math.exp, "sqrt": math.sqrt, "abs": abs, "root": _root,
-    "floor": math.floor, "ceiling": math.ceil, "factorial": lambda x: float(math.factorial(int(x))),
+    "floor": math.floor, "ceiling": math.ceil, "factorial": lambda x: math.gamma(x + 1) if x <= 170 else math.inf,
     "sign": lambda x: float((x > 0) - (x < 0)), "power": math.pow, "max": max, "min": min,
 }
 _CONSTS = {"pi": math.pi, "e": math.e, "euler": 0.5772156649015329, "true": 1.0, "false": 0.0}

@@ -188,6 +188,7 @@ class CodaEnv(gym.Env):
                 if a.kind not in TERMINAL_KINDS:
                     self.desktop.input(a)
             timings["action"] = time.monotonic() - t0
+            self._check_app()
             wait = any(a.kind == "wait" for a in acts)
             frame, timings["settle"] = self._settle(timeout=self.settle_timeout * (2 if wait else 1))
             t1 = time.monotonic()
@@ -204,12 +205,17 @@ class CodaEnv(gym.Env):
                 self._answer = terminal.text
             t2 = time.monotonic()
             try:
+                self._check_app()
                 reward, info = self._evaluate(info, terminal)
             except (DesktopError, AppError, OSError) as e:
                 return self._crash(e, info)
             timings["evaluate"] = time.monotonic() - t2
             self._done = True
         return self._obs, reward, terminated, truncated, info
+
+    def _check_app(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise AppError(f"{self.app_name} exited (code {self._proc.returncode}) during the episode")
 
     def _evaluate(self, info: dict, terminal: Action | None) -> tuple[float, dict]:
         state = self.app.state(self.desktop)

@@ -77,7 +77,10 @@ class KAlgebra:
         app = self._app(desktop)
         if app is None:
             return False
-        tree = self._client(desktop).tree(app, skip_roles=_SKIP)
+        try:
+            tree = self._client(desktop).tree(app, skip_roles=_SKIP)
+        except A11yError:  # a starting app can be slow to answer; the caller's deadline bounds the polling
+            return False
         return tree.first("page tab", "Dictionary") is not None and tree.first("frame", "Variables") is not None
 
     # ------------------------------------------------------------------ state
@@ -87,7 +90,10 @@ class KAlgebra:
         app = self._app(desktop)
         if app is None:
             raise AppError("kalgebra is not on the accessibility bus (did it crash?)")
-        return self._client(desktop).tree(app, skip_roles=_SKIP, texts=True)
+        try:
+            return self._client(desktop).tree(app, skip_roles=_SKIP, texts=True)
+        except A11yError as e:
+            raise AppError(f"cannot read KAlgebra's state: {e}") from None
 
     @staticmethod
     def _pairs(tree: Node | None) -> list[tuple[str, str]]:
@@ -97,6 +103,12 @@ class KAlgebra:
         return list(zip(items[0::2], items[1::2]))
 
     def state(self, desktop: Desktop) -> dict[str, Any]:
+        try:
+            return self._read_state(desktop)
+        except A11yError as e:
+            raise AppError(f"cannot read KAlgebra's state: {e}") from None
+
+    def _read_state(self, desktop: Desktop) -> dict[str, Any]:
         """{"tab", "variables": {name: value}, "functions_2d": [{"name", "expression"}], "function_3d",
         "dictionary_query"}: everything KAlgebra's checks read."""
         root = self.tree(desktop)
@@ -136,6 +148,12 @@ class KAlgebra:
         desktop.input(Action("click", x=ext[0] + ext[2] // 2, y=ext[1] + ext[3] // 2))
 
     def setup(self, desktop: Desktop, op: dict[str, Any]) -> None:
+        try:
+            self._setup(desktop, op)
+        except A11yError as e:
+            raise AppError(f"KAlgebra setup {op.get('func')!r} failed: {e}") from None
+
+    def _setup(self, desktop: Desktop, op: dict[str, Any]) -> None:
         func = op["func"]
         if func == "tab":
             index = op.get("index")
@@ -146,7 +164,7 @@ class KAlgebra:
             self._press(desktop, tab)
         elif func in ("console", "func_2d", "func_3d"):
             tab = {"console": "Calculator", "func_2d": "2D Graph", "func_3d": "3D Graph"}[func]
-            self.setup(desktop, {"func": "tab", "name": tab})
+            self._setup(desktop, {"func": "tab", "name": tab})
             self._wait_tab(desktop, tab)
             before = len(self.state(desktop)["functions_2d"])
             if func == "func_2d":  # the 2D tab's "Add" page holds the expression field

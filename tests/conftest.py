@@ -1,0 +1,61 @@
+"""Shared fixtures: real KAlgebra envs on real Xvfb desktops (installed by `make setup`)."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from coda_env.backends.local import TOKEN_VAR
+
+
+def live_token_pids(token: str) -> list[int]:
+    """Processes (not zombies) that carry a desktop's token in their environment."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    out = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{e}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            out.append(int(e))
+    return out
+
+
+def wait_until(cond, timeout: float = 10.0, every: float = 0.05):
+    """Poll `cond` until it returns a truthy value or `timeout` passes; return its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(every)
+
+
+def run_solution(env, task_id: str):
+    """Reset on `task_id`, replay its oracle; return (rewards, last terminated, last truncated, last info)."""
+    obs, info = env.reset(options={"task": task_id})
+    assert info["task"] == task_id
+    rewards, term, trunc = [], False, False
+    for action in env.unwrapped.tasks[task_id].solution:
+        obs, r, term, trunc, info = env.step(action)
+        assert info["action_error"] is None, (task_id, action, info["action_error"])
+        rewards.append(r)
+        if term or trunc:
+            break
+    return rewards, term, trunc, info
+
+
+@pytest.fixture(scope="module")
+def kalgebra_env():
+    from coda_env.env import CodaEnv
+    env = CodaEnv(app="kalgebra")
+    yield env
+    env.close()
