@@ -327,7 +327,12 @@ class LocalDesktop:
         except Exception as e:
             raise DesktopError(f"screenshot failed: {e}") from None
         bgra = np.frombuffer(shot.raw, np.uint8).reshape(self.height, self.width, 4)
-        return bgra[:, :, 2::-1].copy()
+        # Three plane copies are ~5x faster than one reversed-stride copy (bgra[..., 2::-1].copy()).
+        rgb = np.empty((self.height, self.width, 3), np.uint8)
+        rgb[..., 0] = bgra[..., 2]
+        rgb[..., 1] = bgra[..., 1]
+        rgb[..., 2] = bgra[..., 0]
+        return rgb
 
     def windows(self) -> list[Window]:
         self._check()

@@ -1,0 +1,95 @@
+"""Latency and memory of one real KAlgebra env on the local backend.
+
+Prints reset p50/p95, step p50/p95 (a click + waiting for the screen to settle + the screenshot),
+screenshot p50 and the memory of every process the env started (RSS summed, and PSS, which counts shared
+pages once). Usage: python benchmarks/env_latency.py [--resets 20] [--steps 100] [--task calc_power]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+
+import numpy as np
+
+from coda_env.backends.local import TOKEN_VAR
+from coda_env.env import CodaEnv
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def memory_mb(token: str) -> tuple[float, float, dict[str, float]]:
+    """(RSS sum, PSS sum, RSS by command) over the processes carrying the desktop's token."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    rss = pss = 0.0
+    by: dict[str, float] = {}
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{e}/comm") as f:
+                comm = f.read().strip()
+            with open(f"/proc/{e}/smaps_rollup") as f:
+                fields = {ln.split(":")[0]: float(ln.split()[1]) for ln in f if ln.split()[-1] == "kB"}
+        except OSError:
+            continue
+        rss += fields.get("Rss", 0) / 1024
+        pss += fields.get("Pss", 0) / 1024
+        by[comm] = by.get(comm, 0) + fields.get("Rss", 0) / 1024
+    return rss, pss, by
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--resets", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--task", default="calc_power")
+    args = ap.parse_args()
+
+    t0 = time.monotonic()
+    env = CodaEnv(task=args.task, max_steps=10_000)
+    env.reset(seed=0)
+    first = time.monotonic() - t0
+    resets, launches = [], []
+    for i in range(args.resets):
+        t = time.monotonic()
+        env.reset(seed=i)
+        resets.append(time.monotonic() - t)
+        launches.append(env.timings["launch"])
+
+    rng = random.Random(0)
+    steps, settles = [], []
+    for _ in range(args.steps):  # clicks on the empty console output area and the input line
+        x, y = rng.randint(300, 1000), rng.choice([300, 400, 500, 751])
+        t = time.monotonic()
+        env.step(f"pyautogui.click({x}, {y})")
+        steps.append(time.monotonic() - t)
+        settles.append(env.timings["settle"])
+
+    shots = []
+    for _ in range(200):
+        t = time.perf_counter()
+        env.desktop.screenshot()
+        shots.append(time.perf_counter() - t)
+    rss, pss, by = memory_mb(env.desktop.token)
+    env.close()
+
+    ms = 1000.0
+    print(f"KAlgebra on the local backend, {env.width}x{env.height}, {os.cpu_count()} CPUs")
+    print(f"first reset (desktop start + launch): {first:.2f} s")
+    print(f"reset   p50 {pct(resets, 50):.3f} s   p95 {pct(resets, 95):.3f} s   (launch p50 {statistics.median(launches):.3f} s, n={len(resets)})")
+    print(f"step    p50 {pct(steps, 50) * ms:.0f} ms   p95 {pct(steps, 95) * ms:.0f} ms   (settle p50 {statistics.median(settles) * ms:.0f} ms, n={len(steps)})")
+    print(f"screenshot p50 {pct(shots, 50) * ms:.2f} ms   p95 {pct(shots, 95) * ms:.2f} ms")
+    print(f"memory per env: RSS {rss:.0f} MB (sum over processes), PSS {pss:.0f} MB")
+    print("  " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])))
+
+
+if __name__ == "__main__":
+    main()
