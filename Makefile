@@ -10,10 +10,10 @@ demo: setup
 
 # The test suite (what CI runs). Slow suites: make test-all.
 test: setup
-	.venv/bin/python -m pytest -q -m "not slow and not vm and not gpu"
+	.venv/bin/python -m pytest -q -m "not slow and not vm and not gpu and not wip"
 
 test-all: setup
-	.venv/bin/python -m pytest -q -m "not vm and not gpu"
+	.venv/bin/python -m pytest -q -m "not vm and not gpu and not wip"
 
 bench: setup
 	.venv/bin/python benchmarks/env_latency.py

@@ -88,6 +88,9 @@ class CodaEnv(gym.Env):
         self._obs: dict[str, Any] | None = None
         self._steps = 0
         self._done = True
+        # The task of the next reset when its options name none: how a runner assigns tasks to the envs of
+        # a vector env (`envs.set_attr("next_task", [...])`), whose autoreset passes no options. Used once.
+        self.next_task: str | None = None
 
     # ----------------------------------------------------------------------------------------- helpers
     def _settle(self, timeout: float | None = None) -> tuple[np.ndarray, float]:
@@ -126,6 +129,11 @@ class CodaEnv(gym.Env):
     def _pick_task(self, options: dict | None) -> Task:
         wanted = (options or {}).get("task")
         if wanted is not None:
+            if wanted not in self.tasks:
+                raise TaskError(f"unknown task {wanted!r} for app {self.app_name!r}")
+            return self.tasks[wanted]
+        if self.next_task is not None:
+            wanted, self.next_task = self.next_task, None
             if wanted not in self.tasks:
                 raise TaskError(f"unknown task {wanted!r} for app {self.app_name!r}")
             return self.tasks[wanted]

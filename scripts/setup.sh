@@ -21,7 +21,16 @@ fi
 stamp=.venv/.coda-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  # torch first, pinned to the CPU build on this disk (CODA_TORCH=... for another build, e.g. a CUDA one):
+  # an unpinned `torch` from another package would pull a multi-GB CUDA wheel. Never torchvision here: the
+  # PyPI wheel does not match this torch ("operator torchvision::nms does not exist") and transformers
+  # then fails to import; without it, transformers uses its PIL image processors.
+  if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    echo "setup: installing ${CODA_TORCH:-torch==2.13.0}"
+    .venv/bin/pip install -q --disable-pip-version-check "${CODA_TORCH:-torch==2.13.0}"
+  fi
   echo "setup: installing the coda package into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,agent]"
+  .venv/bin/pip uninstall -q -y torchvision 2>/dev/null || true
   echo "$want" > "$stamp"
 fi

@@ -1,0 +1,350 @@
+"""`coda eval`: run an agent over a task suite on a gymnasium vector env, and score it.
+
+Written as it happens, under --out:
+    trajectories/<task>__<episode>/steps.jsonl   one record per step (thought, action, parse errors, reward,
+                                                 timings, every model call); step_NNN.png the screen after it
+    episodes.jsonl                               one record per finished episode: what a rerun resumes from
+At the end: results.json (summary + episodes, for `coda eval compare`), report/index.html and one page per
+episode. Episodes in flight when a run dies are redone from the start on the rerun; finished ones are kept.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from .policy import Agent, AgentStep
+
+
+def _save_png(frame: np.ndarray, path: Path) -> None:
+    from PIL import Image
+    Image.fromarray(frame).save(path, compress_level=1)
+
+
+def _py(v: Any) -> Any:
+    """numpy values -> JSON-safe Python values."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, dict):
+        return {k: _py(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_py(x) for x in v]
+    return v
+
+
+def unbatch_info(infos: dict, i: int) -> dict:
+    """Env i's info out of a vector env's batched info (arrays with `_key` presence masks)."""
+    out = {}
+    for k, v in infos.items():
+        if k.startswith("_"):
+            continue
+        mask = infos.get(f"_{k}")
+        if mask is not None and not mask[i]:
+            continue
+        out[k] = unbatch_info(v, i) if isinstance(v, dict) else _py(v[i])
+    return out
+
+
+def load_finished(out: Path) -> dict[tuple[str, int], dict]:
+    finished = {}
+    path = out / "episodes.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+                finished[(rec["task"], rec["episode"])] = rec
+            except (json.JSONDecodeError, KeyError):
+                continue                      # a line cut by a crash: that episode is redone
+    return finished
+
+
+class _Episode:
+    """One episode in one slot of the vector env: its files, opened when it starts."""
+
+    def __init__(self, out: Path, task, episode: int):
+        self.task, self.episode = task, episode
+        self.dir = out / "trajectories" / f"{task.id}__{episode}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for old in self.dir.glob("step_*.png"):
+            old.unlink()
+        self.log = open(self.dir / "steps.jsonl", "w")
+        self.steps, self.parse_errors, self.t0 = 0, 0, time.monotonic()
+
+    def record(self, step: AgentStep, obs: dict, reward: float, info: dict, agent_seconds: float) -> None:
+        self.steps += 1
+        self.parse_errors += len(step.parse_errors)
+        _save_png(obs["screenshot"], self.dir / f"step_{self.steps:03d}.png")
+        self.log.write(json.dumps({
+            "task": self.task.id, "episode": self.episode, "step": self.steps, "thought": step.thought,
+            "plan": step.plan, "action": step.action, "parse_errors": step.parse_errors,
+            "action_error": info.get("action_error"), "reward": float(reward), "error": info.get("error"),
+            "timings": {"agent": round(agent_seconds, 4), **(info.get("timings") or {})},
+            "calls": step.calls}) + "\n")
+        self.log.flush()
+
+    def finish(self, reward: float, info: dict) -> dict:
+        self.log.close()
+        return {"task": self.task.id, "episode": self.episode, "app": self.task.app,
+                "difficulty": self.task.difficulty, "category": self.task.category,
+                "success": bool(info.get("success")), "reward": float(reward), "steps": self.steps,
+                "parse_errors": self.parse_errors, "seconds": round(time.monotonic() - self.t0, 3),
+                "checks": info.get("checks"), "answer": info.get("answer"), "error": info.get("error")}
+
+
+def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = None, episodes: int = 1,
+             num_envs: int = 1, seed: int = 0, env_kwargs: dict | None = None, progress: bool = True) -> dict:
+    """Run `agent` on every task `episodes` times over `num_envs` envs; resume what `out` already holds."""
+    from tqdm import tqdm
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    finished = load_finished(out)
+    env_kwargs = dict(env_kwargs or {})
+    probe = gym.make(env_id, **env_kwargs)         # task table and screen; opens no desktop until reset
+    base = probe.unwrapped
+    tasks, screen = base.tasks, (base.width, base.height)
+    probe.close()
+    ids = task_ids or list(tasks)
+    unknown = [t for t in ids if t not in tasks]
+    if unknown:
+        raise ValueError(f"unknown tasks for {env_id}: {unknown}")
+    queue = [(t, e) for t in ids for e in range(episodes) if (t, e) not in finished]
+    bar = tqdm(total=len(ids) * episodes, initial=len(ids) * episodes - len(queue), disable=not progress,
+               unit="ep", dynamic_ncols=True)
+    successes = sum(r["success"] for r in finished.values())
+    if queue:
+        n = max(1, min(num_envs, len(queue)))
+        envs = gym.make_vec(env_id, num_envs=n, vectorization_mode="async" if n > 1 else "sync",
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}, **env_kwargs)
+        slots: list[_Episode | None] = [None] * n
+        try:
+            pending: list[tuple[str, int] | None] = [queue.pop(0) for _ in range(n)]
+            envs.set_attr("next_task", [p[0] for p in pending])
+            obs, infos = envs.reset(seed=seed)
+            resetting = np.ones(n, dtype=bool)         # slots whose obs this time is a fresh reset
+            done_path = out / "episodes.jsonl"
+            while any(s is not None for s in slots) or any(p is not None for p in pending):
+                for i in np.flatnonzero(resetting):
+                    if pending[i] is not None:
+                        tid, ep = pending[i]
+                        got = unbatch_info(infos, i).get("task")
+                        if got != tid:
+                            raise RuntimeError(f"env {i} reset to task {got!r}, expected {tid!r}")
+                        slots[i], pending[i] = _Episode(out, tasks[tid], ep), None
+                        agent.reset(int(i), tasks[tid])
+                        _save_png(obs["screenshot"][i], slots[i].dir / "step_000.png")
+                active = [i for i in range(n) if slots[i] is not None]
+                if not active:
+                    break
+                t0 = time.monotonic()
+                steps = agent.act([(i, {k: v[i] for k, v in obs.items()}) for i in active])
+                agent_s = (time.monotonic() - t0) / len(active)
+                actions = ["WAIT"] * n
+                for i, st in zip(active, steps):
+                    actions[i] = st.action
+                obs, rewards, terms, truncs, infos = envs.step(tuple(actions))
+                was_resetting, resetting = resetting, np.zeros(n, dtype=bool)
+                for i, st in zip(active, steps):
+                    if was_resetting[i] and slots[i] is None:
+                        continue
+                    info = unbatch_info(infos, i)
+                    ep = slots[i]
+                    ep.record(st, {"screenshot": obs["screenshot"][i]}, rewards[i], info, agent_s)
+                    bar.set_postfix_str(f"{ep.task.id} step {ep.steps} | successes {successes}", refresh=False)
+                    if terms[i] or truncs[i]:
+                        rec = ep.finish(float(rewards[i]), info)
+                        finished[(rec["task"], rec["episode"])] = rec
+                        with open(done_path, "a") as f:
+                            f.write(json.dumps(rec) + "\n")
+                        successes += rec["success"]
+                        bar.update(1)
+                        slots[i] = None
+                        pending[i] = queue.pop(0) if queue else None
+                done_now = np.logical_or(terms, truncs)
+                if done_now.any():
+                    # NEXT_STEP autoreset: those envs reset on the next step; tell each which task is next
+                    envs.set_attr("next_task", [pending[i][0] if done_now[i] and pending[i] else None
+                                                for i in range(n)])
+                    resetting = done_now
+                bar.set_postfix_str(f"successes {successes}")
+        finally:
+            for s in slots:
+                if s is not None:
+                    s.log.close()
+            envs.close()
+    bar.close()
+    records = [finished[(t, e)] for t in ids for e in range(episodes) if (t, e) in finished]
+    summary = summarize(records, episodes)
+    summary.update({"env": env_id, "agent": getattr(agent, "name", type(agent).__name__), "episodes": episodes,
+                    "num_envs": num_envs, "wall_seconds": round(time.monotonic() - t_start, 1)})
+    (out / "results.json").write_text(json.dumps({"summary": summary, "episodes": records}, indent=1))
+    write_report(out, summary, records)
+    return summary
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task with c successes in n samples (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(records: list[dict], episodes: int = 1) -> dict:
+    def rate(rs):
+        s = sum(r["success"] for r in rs)
+        return {"n": len(rs), "success": s, "rate": round(s / len(rs), 4) if rs else 0.0}
+    groups: dict[str, dict[str, list]] = {"app": defaultdict(list), "difficulty": defaultdict(list),
+                                          "category": defaultdict(list)}
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    for r in records:
+        for g in groups:
+            groups[g][r.get(g) or "-"].append(r)
+        per_task[r["task"]].append(r["success"])
+    summary = {"overall": rate(records),
+               "mean_steps": round(float(np.mean([r["steps"] for r in records])), 2) if records else 0.0,
+               "parse_errors": sum(r.get("parse_errors", 0) for r in records),
+               **{f"by_{g}": {k: rate(v) for k, v in sorted(d.items())} for g, d in groups.items()},
+               "per_task": {t: round(sum(v) / len(v), 4) for t, v in per_task.items()}}
+    if episodes > 1 and per_task:
+        summary["pass_at_k"] = {str(k): round(float(np.mean([pass_at_k(len(v), sum(v), k)
+                                                            for v in per_task.values() if len(v) >= k])), 4)
+                                for k in range(1, episodes + 1)}
+    return summary
+
+
+def print_table(summary: dict, out: Path | None = None) -> None:
+    print(f"\n{summary['env']}  agent={summary['agent']}  wall={summary['wall_seconds']}s  "
+          f"mean steps={summary['mean_steps']}  parse errors={summary['parse_errors']}")
+    print(f"{'group':<24}{'episodes':>9}{'solved':>8}{'rate':>8}")
+    for section in ("by_app", "by_category", "by_difficulty"):
+        for k, v in summary[section].items():
+            print(f"{section[3:] + ':' + k:<24}{v['n']:>9}{v['success']:>8}{v['rate']:>8.0%}")
+    o = summary["overall"]
+    print(f"{'overall':<24}{o['n']:>9}{o['success']:>8}{o['rate']:>8.0%}")
+    for k, v in (summary.get("pass_at_k") or {}).items():
+        print(f"pass@{k}: {v:.1%}")
+    if out is not None:
+        print(f"\nreport:  {out / 'report' / 'index.html'}\nresults: {out / 'results.json'}")
+
+
+# ------------------------------------------------------------------------------------------ report
+_CSS = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:4px 8px;vertical-align:top}.ok{color:#070}.bad{color:#a00}img{max-width:640px}"
+        "pre{white-space:pre-wrap;max-width:640px;margin:0}")
+
+
+def write_report(out: Path, summary: dict, records: list[dict]) -> None:
+    """A static HTML report: index with the table and episodes, one page per episode (screens in order)."""
+    rep = out / "report"
+    rep.mkdir(exist_ok=True)
+    e = html.escape
+    rows = []
+    for r in records:
+        name = f"{r['task']}__{r['episode']}"
+        rows.append(f"<tr><td><a href='{e(name)}.html'>{e(r['task'])}</a></td><td>{r['episode']}</td>"
+                    f"<td>{e(str(r.get('category')))}</td><td>{e(str(r.get('difficulty')))}</td>"
+                    f"<td class='{'ok' if r['success'] else 'bad'}'>{'pass' if r['success'] else 'fail'}</td>"
+                    f"<td>{r['steps']}</td><td>{r.get('parse_errors', 0)}</td><td>{e(str(r.get('error') or ''))}</td></tr>")
+        _episode_page(out, rep, r)
+    groups = "".join(f"<tr><td>{e(sec[3:])}: {e(k)}</td><td>{v['n']}</td><td>{v['success']}</td>"
+                     f"<td>{v['rate']:.0%}</td></tr>" for sec in ("by_app", "by_category", "by_difficulty")
+                     for k, v in summary[sec].items())
+    o = summary["overall"]
+    passk = "".join(f"<li>pass@{k}: {v:.1%}</li>" for k, v in (summary.get("pass_at_k") or {}).items())
+    (rep / "index.html").write_text(
+        f"<!doctype html><meta charset='utf-8'><title>coda eval: {e(summary['agent'])}</title><style>{_CSS}</style>"
+        f"<h1>{e(summary['env'])} — agent {e(summary['agent'])}</h1><p>overall {o['success']}/{o['n']} "
+        f"({o['rate']:.1%}), mean steps {summary['mean_steps']}, parse errors {summary['parse_errors']}, "
+        f"wall {summary['wall_seconds']} s</p><ul>{passk}</ul><table><tr><th>group</th><th>episodes</th>"
+        f"<th>solved</th><th>rate</th></tr>{groups}</table><h2>Episodes</h2><table><tr><th>task</th><th>ep</th>"
+        f"<th>category</th><th>difficulty</th><th>result</th><th>steps</th><th>parse errors</th><th>error</th>"
+        f"</tr>{''.join(rows)}</table>")
+
+
+def _episode_page(out: Path, rep: Path, r: dict) -> None:
+    e = html.escape
+    name = f"{r['task']}__{r['episode']}"
+    traj = out / "trajectories" / name
+    steps = []
+    if (traj / "steps.jsonl").exists():
+        for line in (traj / "steps.jsonl").read_text().splitlines():
+            try:
+                steps.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    cells = [f"<tr><td>0 (start)</td><td><img src='../trajectories/{e(name)}/step_000.png'></td><td></td></tr>"]
+    for s in steps:
+        notes = "".join(f"<div class='bad'>{e(p)}</div>" for p in s.get("parse_errors") or [])
+        if s.get("action_error"):
+            notes += f"<div class='bad'>action error: {e(s['action_error'])}</div>"
+        plan = f"<p><b>Plan:</b> {e(s['plan'])}</p>" if s.get("plan") and s["plan"] != s["action"] else ""
+        cells.append(f"<tr><td>{s['step']}</td><td><img src='../trajectories/{e(name)}/step_{s['step']:03d}.png'>"
+                     f"</td><td><p><b>Thought:</b> {e(s.get('thought') or '')}</p>{plan}<p><b>Action:</b></p>"
+                     f"<pre>{e(s['action'])}</pre>{notes}</td></tr>")
+    verdict = "pass" if r["success"] else "fail"
+    (rep / f"{name}.html").write_text(
+        f"<!doctype html><meta charset='utf-8'><title>{e(name)}</title><style>{_CSS}</style>"
+        f"<p><a href='index.html'>all episodes</a></p><h1>{e(r['task'])} (episode {r['episode']}): "
+        f"<span class='{'ok' if r['success'] else 'bad'}'>{verdict}</span></h1><p>{r['steps']} steps, "
+        f"{r['seconds']} s. Checks: {e(json.dumps(r.get('checks')))}</p><table><tr><th>step</th><th>screen after"
+        f" the action</th><th>thought and action</th></tr>{''.join(cells)}</table>")
+
+
+# ------------------------------------------------------------------------------------------ compare
+def compare(a: Path, b: Path) -> str:
+    """Side-by-side success of two runs: overall, per group, and the tasks whose result changed."""
+    ra, rb = (json.loads((p / "results.json" if p.is_dir() else p).read_text())["summary"] for p in (a, b))
+    lines = [f"{'':<26}{'A':>8}{'B':>8}{'B-A':>8}", f"{'agent':<26}{ra['agent']:>8}{rb['agent']:>8}"]
+
+    def row(label, x, y):
+        lines.append(f"{label:<26}{x:>8.1%}{y:>8.1%}{y - x:>+8.1%}")
+    row("overall", ra["overall"]["rate"], rb["overall"]["rate"])
+    for sec in ("by_app", "by_category", "by_difficulty"):
+        for k in sorted(set(ra.get(sec, {})) | set(rb.get(sec, {}))):
+            row(f"{sec[3:]}:{k}", ra.get(sec, {}).get(k, {}).get("rate", 0.0), rb.get(sec, {}).get(k, {}).get("rate", 0.0))
+    ta, tb = ra.get("per_task", {}), rb.get("per_task", {})
+    changed = [t for t in sorted(set(ta) | set(tb)) if ta.get(t) != tb.get(t)]
+    if changed:
+        lines.append("changed tasks:")
+        lines += [f"  {t:<24}{ta.get(t, float('nan')):>8.0%}{tb.get(t, float('nan')):>8.0%}" for t in changed]
+    return "\n".join(lines)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--env", default="coda/KAlgebra-v0")
+    p.add_argument("--agent", default="oracle", help="coda | uitars | planner-only | oracle | random | done")
+    p.add_argument("--tasks", nargs="*", default=None, help="task ids (default: the whole suite)")
+    p.add_argument("--episodes", type=int, default=1, help="episodes per task (k of pass@k)")
+    p.add_argument("--num-envs", type=int, default=1, help="envs run in parallel (a gymnasium AsyncVectorEnv)")
+    p.add_argument("--planner", help="planner checkpoint directory or http(s):// OpenAI-compatible endpoint")
+    p.add_argument("--executor", help="executor (UI-TARS-1.5) checkpoint directory or endpoint")
+    p.add_argument("--planner-model", help="model name at the planner endpoint (default: the first served)")
+    p.add_argument("--executor-model", help="model name at the executor endpoint")
+    p.add_argument("--history", type=int, default=2, help="screenshots of earlier steps shown to the planner")
+    p.add_argument("--max-steps", type=int, default=None, help="step budget instead of each task's own")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def main_eval(args) -> int:
+    from .policy import make_agent
+    env_kwargs = {"max_steps": args.max_steps} if args.max_steps else {}
+    probe = gym.make(args.env, **env_kwargs)
+    app, screen = probe.unwrapped.app_name, (probe.unwrapped.width, probe.unwrapped.height)
+    probe.close()
+    agent = make_agent(args.agent, app, screen, args.planner, args.executor, args.planner_model,
+                       args.executor_model, args.history, args.seed)
+    out = Path(args.out or f"runs/{args.agent}-{time.strftime('%Y%m%d-%H%M%S')}")
+    summary = run_eval(args.env, agent, out, args.tasks, args.episodes, args.num_envs, args.seed, env_kwargs,
+                       progress=not args.quiet)
+    print_table(summary, out)
+    return 0

@@ -1,0 +1,115 @@
+"""`coda eval`: the vector-env runner, its files, scores, resume, report and compare."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.wip   # issue 4: not yet passing / not yet run through
+
+from coda_agent.eval import compare, pass_at_k, run_eval, summarize, unbatch_info
+from coda_agent.policy import DoneAgent, OracleAgent, RandomAgent
+from coda_env.cli import main
+from coda_env.tasks import load_tasks
+
+from .conftest import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_oracle_solves_the_whole_suite_on_two_envs(tmp_path, capsys):
+    out = tmp_path / "oracle"
+    assert main(["eval", "--agent", "oracle", "--num-envs", "2", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    n = len(load_tasks("kalgebra"))
+    assert results["summary"]["overall"] == {"n": n, "success": n, "rate": 1.0}
+    assert "overall" in printed and "100%" in printed
+    assert results["summary"]["by_app"]["kalgebra"]["rate"] == 1.0
+    assert set(results["summary"]["by_difficulty"]) <= {"easy", "medium", "hard"}
+    for rec in results["episodes"]:
+        ep = out / "trajectories" / f"{rec['task']}__0"
+        steps = _lines(ep / "steps.jsonl")
+        assert len(steps) == rec["steps"] and steps[-1]["reward"] == 1.0 and steps[-1]["action"] == "DONE"
+        assert all(s["task"] == rec["task"] for s in steps)        # no slot mixed up another's steps
+        assert sorted(p.name for p in ep.glob("step_*.png")) == [f"step_{i:03d}.png" for i in range(len(steps) + 1)]
+    index = (out / "report" / "index.html").read_text()
+    assert f"{n}/{n}" in index
+    page = (out / "report" / "calc_power__0.html").read_text()
+    assert "../trajectories/calc_power__0/step_001.png" in page and "pyautogui" in page
+
+
+def test_random_scores_near_zero(tmp_path):
+    tasks = list(load_tasks("kalgebra"))[:8]
+    summary = run_eval("coda/KAlgebra-v0", RandomAgent(seed=1), tmp_path / "random", tasks,
+                       env_kwargs={"max_steps": 6}, progress=False)
+    assert summary["overall"]["n"] == 8 and summary["overall"]["rate"] <= 0.125
+    assert 1 <= summary["mean_steps"] <= 6
+
+
+def test_episodes_pass_at_k_and_compare(tmp_path):
+    tasks = ["calc_power", "calc_log2_3"]
+    a = run_eval("coda/KAlgebra-v0", DoneAgent(), tmp_path / "a", tasks, episodes=2, progress=False)
+    assert a["overall"] == {"n": 4, "success": 0, "rate": 0.0} and a["pass_at_k"] == {"1": 0.0, "2": 0.0}
+    run_eval("coda/KAlgebra-v0", OracleAgent(), tmp_path / "b", tasks, episodes=1, progress=False)
+    text = compare(tmp_path / "a", tmp_path / "b")
+    assert "overall" in text and "+100.0%" in text and "calc_power" in text
+
+
+def test_killed_run_resumes_without_redoing_finished_episodes(tmp_path):
+    out = tmp_path / "run"
+    tasks = ["calc_power", "calc_log2_3", "calc_hypotenuse", "calc_gcd_lcm"]
+    cmd = [sys.executable, "-m", "coda_env.cli", "eval", "--agent", "oracle", "--tasks", *tasks,
+           "--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    done = out / "episodes.jsonl"
+    try:
+        assert wait_until(lambda: done.exists() and len(done.read_text().splitlines()) >= 2, timeout=120)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    first = _lines(done)
+    assert 2 <= len(first) < 4
+    before = {r["task"]: r["seconds"] for r in first}
+    summary = run_eval("coda/KAlgebra-v0", OracleAgent(), out, tasks, progress=False)
+    records = _lines(done)
+    assert sorted(r["task"] for r in records) == sorted(tasks)               # each exactly once
+    assert {r["task"]: r["seconds"] for r in records if r["task"] in before} == before   # not redone
+    assert summary["overall"]["rate"] == 1.0
+
+
+def test_summary_and_unbatch():
+    assert pass_at_k(5, 0, 1) == 0.0 and pass_at_k(5, 5, 3) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    recs = [{"task": "t", "app": "a", "difficulty": "easy", "category": "c", "success": s, "steps": 3}
+            for s in (True, False)]
+    s = summarize(recs, episodes=2)
+    assert s["overall"]["rate"] == 0.5 and s["pass_at_k"] == {"1": 0.5, "2": 1.0}
+    infos = {"task": np.array(["a", "b"], dtype=object), "_task": np.array([True, True]),
+             "error": np.array([None, "boom"], dtype=object), "_error": np.array([False, True]),
+             "timings": {"step": np.array([0.1, 0.2]), "_step": np.array([True, True])},
+             "_timings": np.array([True, True])}
+    assert unbatch_info(infos, 0) == {"task": "a", "timings": {"step": 0.1}}
+    assert unbatch_info(infos, 1) == {"task": "b", "error": "boom", "timings": {"step": 0.2}}
+
+
+def test_cli_errors_are_clear(capsys):
+    assert main(["eval", "--agent", "coda", "--out", "/tmp/unused-coda-run"]) == 2
+    assert "needs --planner" in capsys.readouterr().err
+    assert main(["eval", "--agent", "coda", "--planner", "/nonexistent/ckpt", "--executor", "x",
+                 "--out", "/tmp/unused-coda-run"]) == 2
+    assert "coda never downloads weights" in capsys.readouterr().err
+    assert main(["envs"]) == 0 and "coda/KAlgebra-v0" in capsys.readouterr().out
+    assert main(["tasks", "kalgebra"]) == 0 and "calc_power" in capsys.readouterr().out
