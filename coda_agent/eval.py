@@ -151,10 +151,8 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
                 for i, st in zip(active, steps):
                     actions[i] = st.action
                 obs, rewards, terms, truncs, infos = envs.step(tuple(actions))
-                was_resetting, resetting = resetting, np.zeros(n, dtype=bool)
+                resetting = np.zeros(n, dtype=bool)
                 for i, st in zip(active, steps):
-                    if was_resetting[i] and slots[i] is None:
-                        continue
                     info = unbatch_info(infos, i)
                     ep = slots[i]
                     ep.record(st, {"screenshot": obs["screenshot"][i]}, rewards[i], info, agent_s)

@@ -22,7 +22,7 @@ from coda_env.actions import ActionError, parse_action
 from . import prompts
 from .executor import Executor, uitars_action
 from .models import Conversation, SamplingParams, VLM, model_image_size
-from .planner import Plan, PlanParseError, Planner, Turn, parse_plan
+from .planner import Plan, PlanParseError, Planner, Turn
 from .uitars import UITarsParseError, parse_uitars
 
 
@@ -62,39 +62,60 @@ def conversation_record(conv: Conversation) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ CODA
-class CodaAgent:
+class _PlannerAgent:
+    """What the planner-driven agents share: per-slot instruction and history, and the planner turn."""
+
+    def __init__(self, planner: Planner):
+        self.planner = planner
+        self.history: dict[int, list[Turn]] = {}
+        self.instructions: dict[int, str] = {}
+
+    def reset(self, slot: int, task) -> None:
+        self.history[slot], self.instructions[slot] = [], task.instruction
+
+    def _plan(self, batch: Sequence[tuple[int, dict]]) -> list[tuple[AgentStep, Plan | None]]:
+        """One planner call for the batch: a WAIT step per entry with the call recorded, and its plan
+        (None after a parse error, which is counted on the step)."""
+        convs = [self.planner.conversation(self.instructions[s], self.history[s], obs["screenshot"])
+                 for s, obs in batch]
+        out = []
+        for conv, (gen, plan) in zip(convs, self.planner.plan(convs)):
+            step = AgentStep("WAIT", calls=[{"model": "planner", "input": conversation_record(conv),
+                                            "output": gen.text, "seconds": round(gen.seconds, 3)}])
+            if isinstance(plan, PlanParseError):
+                step.parse_errors.append(f"planner: {plan}")
+                plan = None
+            else:
+                step.thought, step.plan = plan.thought, plan.action
+            out.append((step, plan))
+        return out
+
+    def _remember(self, batch: Sequence[tuple[int, dict]], steps: Sequence[AgentStep]) -> None:
+        for (slot, obs), step in zip(batch, steps):
+            self.history[slot].append(Turn(obs["screenshot"], step.thought, step.plan or step.action))
+
+
+class CodaAgent(_PlannerAgent):
     """Planner (Cerebrum) writes the step in words; executor (Cerebellum) turns it into a GUI action.
     Terminal answers of the planner go to the env directly; a parse failure of either is a counted
     parse error and the env gets WAIT (nothing happens; the episode goes on)."""
     name = "coda"
 
     def __init__(self, planner: Planner, executor: Executor):
-        self.planner, self.executor = planner, executor
-        self.history: dict[int, list[Turn]] = {}
-        self.instructions: dict[int, str] = {}
-
-    def reset(self, slot: int, task) -> None:
-        self.history[slot] = []
-        self.instructions[slot] = task.instruction
+        super().__init__(planner)
+        self.executor = executor
 
     def act(self, batch: Sequence[tuple[int, dict]]) -> list[AgentStep]:
-        convs = [self.planner.conversation(self.instructions[s], self.history[s], obs["screenshot"])
-                 for s, obs in batch]
-        plans = self.planner.plan(convs)
-        steps: list[AgentStep] = []
+        planned = self._plan(batch)
+        steps = [step for step, _ in planned]
         todo: list[tuple[int, str]] = []          # (index into batch, thought for the executor)
-        for k, ((slot, obs), conv, (gen, plan)) in enumerate(zip(batch, convs, plans)):
-            step = AgentStep("WAIT", calls=[{"model": "planner", "input": conversation_record(conv),
-                                            "output": gen.text, "seconds": round(gen.seconds, 3)}])
-            if isinstance(plan, PlanParseError):
-                step.parse_errors.append(f"planner: {plan}")
+        for k, (step, plan) in enumerate(planned):
+            if plan is None:
+                continue
+            if plan.terminal:
+                step.action = plan.terminal
             else:
-                step.thought, step.plan = plan.thought, plan.action
-                if plan.terminal:
-                    step.action = plan.terminal
-                else:
-                    todo.append((k, f"{plan.thought} {plan.action}".strip()))
-            steps.append(step)
+                todo.append((k, f"{plan.thought} {plan.action}".strip()))
         if todo:
             results = self.executor.execute([(self.instructions[batch[k][0]], thought, batch[k][1]["screenshot"])
                                              for k, thought in todo])
@@ -103,8 +124,7 @@ class CodaAgent:
                 steps[k].parse_errors += res.parse_errors
                 if res.action is not None:
                     steps[k].action = res.action
-        for (slot, obs), step in zip(batch, steps):
-            self.history[slot].append(Turn(obs["screenshot"], step.thought, step.plan or step.action))
+        self._remember(batch, steps)
         return steps
 
 
@@ -174,36 +194,21 @@ def planner_code(plan: Plan, screen: tuple[int, int]) -> str:
     return code
 
 
-class PlannerOnlyAgent:
+class PlannerOnlyAgent(_PlannerAgent):
     """The planner alone writes pyautogui code (the ScienceBoard baseline); code outside the whitelist
     is a counted parse error and the env gets WAIT."""
     name = "planner-only"
 
-    def __init__(self, planner: Planner):
-        self.planner = planner
-        self.history: dict[int, list[Turn]] = {}
-        self.instructions: dict[int, str] = {}
-
-    def reset(self, slot: int, task) -> None:
-        self.history[slot], self.instructions[slot] = [], task.instruction
-
     def act(self, batch: Sequence[tuple[int, dict]]) -> list[AgentStep]:
-        convs = [self.planner.conversation(self.instructions[s], self.history[s], obs["screenshot"])
-                 for s, obs in batch]
-        steps = []
-        for (slot, obs), conv, (gen, plan) in zip(batch, convs, self.planner.plan(convs)):
-            step = AgentStep("WAIT", calls=[{"model": "planner", "input": conversation_record(conv),
-                                            "output": gen.text, "seconds": round(gen.seconds, 3)}])
-            if isinstance(plan, PlanParseError):
-                step.parse_errors.append(f"planner: {plan}")
-            else:
-                step.thought, step.plan = plan.thought, plan.action
+        planned = self._plan(batch)
+        for step, plan in planned:
+            if plan is not None:
                 try:
                     step.action = planner_code(plan, self.planner.screen)
                 except ActionError as e:
                     step.parse_errors.append(f"planner code: {e}")
-            self.history[slot].append(Turn(obs["screenshot"], step.thought, step.plan or step.action))
-            steps.append(step)
+        steps = [step for step, _ in planned]
+        self._remember(batch, steps)
         return steps
 
 
