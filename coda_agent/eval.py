@@ -129,10 +129,11 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
             pending: list[tuple[str, int] | None] = [queue.pop(0) for _ in range(n)]
             envs.set_attr("next_task", [p[0] for p in pending])
             obs, infos = envs.reset(seed=seed)
-            resetting = np.ones(n, dtype=bool)         # slots whose obs this time is a fresh reset
+            fresh = np.ones(n, dtype=bool)             # envs whose obs is a fresh reset
+            autoreset = np.zeros(n, dtype=bool)        # envs that reset on the next step (NEXT_STEP mode)
             done_path = out / "episodes.jsonl"
             while any(s is not None for s in slots) or any(p is not None for p in pending):
-                for i in np.flatnonzero(resetting):
+                for i in np.flatnonzero(fresh):
                     if pending[i] is not None:
                         tid, ep = pending[i]
                         got = unbatch_info(infos, i).get("task")
@@ -142,16 +143,16 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
                         agent.reset(int(i), tasks[tid])
                         _save_png(obs["screenshot"][i], slots[i].dir / "step_000.png")
                 active = [i for i in range(n) if slots[i] is not None]
-                if not active:
+                if not active and not any(autoreset[i] and pending[i] for i in range(n)):
                     break
                 t0 = time.monotonic()
-                steps = agent.act([(i, {k: v[i] for k, v in obs.items()}) for i in active])
-                agent_s = (time.monotonic() - t0) / len(active)
+                steps = agent.act([(i, {k: v[i] for k, v in obs.items()}) for i in active]) if active else []
+                agent_s = (time.monotonic() - t0) / max(1, len(active))
                 actions = ["WAIT"] * n
                 for i, st in zip(active, steps):
                     actions[i] = st.action
                 obs, rewards, terms, truncs, infos = envs.step(tuple(actions))
-                resetting = np.zeros(n, dtype=bool)
+                fresh = autoreset                      # this step reset them: their obs starts an episode
                 for i, st in zip(active, steps):
                     info = unbatch_info(infos, i)
                     ep = slots[i]
@@ -166,12 +167,12 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
                         bar.update(1)
                         slots[i] = None
                         pending[i] = queue.pop(0) if queue else None
-                done_now = np.logical_or(terms, truncs)
+                autoreset = np.logical_or(terms, truncs)
+                done_now = autoreset
                 if done_now.any():
                     # NEXT_STEP autoreset: those envs reset on the next step; tell each which task is next
                     envs.set_attr("next_task", [pending[i][0] if done_now[i] and pending[i] else None
                                                 for i in range(n)])
-                    resetting = done_now
                 bar.set_postfix_str(f"successes {successes}")
         finally:
             for s in slots:

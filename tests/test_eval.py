@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.wip   # issue 4: not yet passing / not yet run through
-
 from coda_agent.eval import compare, pass_at_k, run_eval, summarize, unbatch_info
 from coda_agent.policy import DoneAgent, OracleAgent, RandomAgent
 from coda_env.cli import main
@@ -41,7 +39,8 @@ def test_oracle_solves_the_whole_suite_on_two_envs(tmp_path, capsys):
     for rec in results["episodes"]:
         ep = out / "trajectories" / f"{rec['task']}__0"
         steps = _lines(ep / "steps.jsonl")
-        assert len(steps) == rec["steps"] and steps[-1]["reward"] == 1.0 and steps[-1]["action"] == "DONE"
+        assert len(steps) == rec["steps"] and steps[-1]["reward"] == 1.0
+        assert steps[-1]["action"].split()[0] in ("DONE", "FAIL", "ANS")
         assert all(s["task"] == rec["task"] for s in steps)        # no slot mixed up another's steps
         assert sorted(p.name for p in ep.glob("step_*.png")) == [f"step_{i:03d}.png" for i in range(len(steps) + 1)]
     index = (out / "report" / "index.html").read_text()
