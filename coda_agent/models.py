@@ -166,22 +166,31 @@ class TransformersVLM:
                                                   continue_final_message=prefill)
         return text, images
 
-    def build_inputs(self, conversations: Sequence[Conversation], completions: Sequence[str] | None = None):
-        """Tokenized, padded model inputs (left padding) for a batch; with `completions`, each completion's
-        text is appended after the prompt (for scoring), and `prompt_lengths` says where it starts."""
-        texts, images, prompt_texts = [], [], []
-        for i, conv in enumerate(conversations):
-            text, imgs = self._template(conv)
-            prompt_texts.append(text)
-            texts.append(text + (completions[i] if completions is not None else ""))
-            images.extend(imgs)
-        return self._encode(texts, images)
+    def build_inputs(self, conversations: Sequence[Conversation],
+                     completions: Sequence[str] | Sequence[Sequence[int]] | None = None):
+        """Tokenized, left-padded model inputs for a batch of conversations.
 
-    def _encode(self, texts: list[str], images: list):
+        With `completions` (texts or token ids), each is appended *as tokens* after its prompt's tokens, the
+        way generation produced them: tokenizing prompt + completion as one string would merge tokens across
+        the boundary (`Action: ` + `click` -> `Ġclick`) and score a sequence the model never sampled. Then
+        `completion_mask` marks the completion tokens (for losses and log-probs)."""
+        texts, images = [], []
+        for conv in conversations:
+            text, imgs = self._template(conv)
+            texts.append(text)
+            images.extend(imgs)
+        comp_ids = None
+        if completions is not None:
+            comp_ids = [list(c) if not isinstance(c, str) else
+                        self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in completions]
+        return self._encode(texts, images, comp_ids)
+
+    def _encode(self, texts: list[str], images: list, completion_ids: list[list[int]] | None = None):
         """What Qwen2_5_VLProcessor does for text and images: each <|image_pad|> becomes as many pads as the
         image has merged patches. Done here because that processor cannot be built without torchvision
         (its video half), and the image and text halves are all an agent needs."""
         from transformers import BatchFeature
+        torch = self.torch
         data: dict = {}
         if images:
             img = self.image_processor(images=images, return_tensors="pt")
@@ -195,8 +204,21 @@ class TransformersVLM:
                     s += pad * next(counts) + p
                 out.append(s)
             texts = out
-        enc = self.tokenizer(texts, padding=True, return_tensors="pt")
-        data.update(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        comp = completion_ids or [[] for _ in ids]
+        seqs = [a + list(b) for a, b in zip(ids, comp)]
+        width = max(len(q) for q in seqs)
+        input_ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        comp_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+        for i, (q, c) in enumerate(zip(seqs, comp)):          # left padding, as generation wants
+            input_ids[i, width - len(q):] = torch.tensor(q, dtype=torch.long)
+            attention[i, width - len(q):] = 1
+            if len(c):
+                comp_mask[i, width - len(c):] = True
+        data.update(input_ids=input_ids, attention_mask=attention)
+        if completion_ids is not None:
+            data["completion_mask"] = comp_mask
         return BatchFeature(data).to(self.device)
 
     def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[Generation]:

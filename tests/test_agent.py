@@ -1,8 +1,8 @@
 """The CODA agent end to end with tiny real Qwen2.5-VL models on the real KAlgebra env.
 
 The tiny model is random-initialised from real transformers classes, then taught two fixed answers by a few
-real gradient steps (one planner answer, one executor completion), so that the planner -> executor -> env
-path is exercised with real generations, not only the parse-error path.
+real gradient steps on the task's real first screenshot (one planner answer, one executor completion), so
+that the planner -> executor -> env path is exercised with real generations, not only the parse errors.
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import json
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.wip   # issue 4: not yet passing / not yet run through
 
 from coda_env.actions import parse_action
 
@@ -35,12 +34,8 @@ def teach(vlm: TransformersVLM, pairs, steps: int = 60, lr: float = 3e-3) -> Non
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     convs, comps = [c for c, _ in pairs], [t + "<|im_end|>" for _, t in pairs]
     enc = vlm.build_inputs(convs, comps)
-    prompt = vlm.build_inputs(convs)
-    labels = enc["input_ids"].clone()
-    labels[enc["attention_mask"] == 0] = -100
-    for i in range(len(pairs)):          # left padding: the completion is the last n_comp tokens
-        n_comp = int(enc["attention_mask"][i].sum() - prompt["attention_mask"][i].sum())
-        labels[i, : labels.shape[1] - n_comp] = -100
+    mask = enc.pop("completion_mask")
+    labels = enc["input_ids"].masked_fill(~mask, -100)
     for _ in range(steps):
         loss = model(**enc, labels=labels).loss
         opt.zero_grad()
@@ -50,24 +45,35 @@ def teach(vlm: TransformersVLM, pairs, steps: int = 60, lr: float = 3e-3) -> Non
 
 
 @pytest.fixture(scope="module")
-def taught(tmp_path_factory):
+def first_obs():
+    """The real first observation of KAlgebra's calc_power task (what the agent sees at step 1)."""
+    import gymnasium as gym
+    env = gym.make("coda/KAlgebra-v0")
+    try:
+        obs, _ = env.reset(seed=0, options={"task": "calc_power"})
+        return obs
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory, first_obs):
     vlm = TransformersVLM(build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny") / "m"))
-    shot = np.random.default_rng(0).integers(0, 255, (800, 1280, 3), dtype=np.uint8)
     planner = Planner(vlm, "kalgebra", params=SamplingParams(max_new_tokens=40))
-    executor = Executor(vlm, params=SamplingParams(max_new_tokens=16, temperature=1.0))
-    instr = "Compute 2^10 in the console."
+    executor = Executor(vlm, params=SamplingParams(max_new_tokens=16, temperature=0.0))   # greedy: the taught answer
+    instr, shot = first_obs["instruction"], first_obs["screenshot"]
+    thought = "The console is empty. Click the input line at the bottom of the window"
     teach(vlm, [(planner.conversation(instr, [], shot), PLAN),
-                (executor.conversation(instr, "The console is empty. Click the input line at the bottom of the window",
-                                   shot), CLICK)], steps=80)
+                (executor.conversation(instr, thought, shot), CLICK)], steps=80)
     return vlm, planner, executor
 
 
-def test_taught_model_drives_planner_and_executor(taught):
+def test_taught_model_drives_planner_and_executor(taught, first_obs):
     vlm, planner, executor = taught
-    shot = np.random.default_rng(1).integers(0, 255, (800, 1280, 3), dtype=np.uint8)
-    (gen, plan), = planner.plan([planner.conversation("Compute 2^10 in the console.", [], shot)])
+    instr, shot = first_obs["instruction"], first_obs["screenshot"]
+    (gen, plan), = planner.plan([planner.conversation(instr, [], shot)])
     assert plan.action == "Click the input line at the bottom of the window", gen.text
-    res, = executor.execute([("Compute 2^10 in the console.", f"{plan.thought} {plan.action}", shot)])
+    res, = executor.execute([(instr, f"{plan.thought} {plan.action}", shot)])
     # (140, 84) in the tiny model's 280x168 image space is (640, 400) on the 1280x800 screen
     assert res.action == "pyautogui.click(640, 400)", res.calls
 
