@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from coda_env.actions import KEY_ALIASES, KEY_NAMES
+from coda_env.actions import KEY_ALIASES, KEY_NAMES, ActionError, parse_action
 
 MAX_OUTPUT = 10_000
 SCROLL_CLICKS = 5
@@ -220,7 +220,12 @@ def to_env_action(actions: list[UITarsAction], image_size: tuple[int, int], scre
             lines.append(f"pyautogui.{fn}({amount}{pos})")
     if not lines:
         raise UITarsParseError("the executor's answer holds no action to perform")
-    return "\n".join(lines)
+    code = "\n".join(lines)
+    try:
+        parse_action(code, screen)               # what the env would refuse is an executor error, here
+    except ActionError as e:
+        raise UITarsParseError(f"the env refuses the converted action: {e}") from None
+    return code
 
 
 def uitars_to_env(text: str, image_size: tuple[int, int], screen: tuple[int, int],
