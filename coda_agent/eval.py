@@ -15,43 +15,12 @@ import math
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from .policy import Agent, AgentStep
-
-
-def _save_png(frame: np.ndarray, path: Path) -> None:
-    from PIL import Image
-    Image.fromarray(frame).save(path, compress_level=1)
-
-
-def _py(v: Any) -> Any:
-    """numpy values -> JSON-safe Python values."""
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, dict):
-        return {k: _py(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_py(x) for x in v]
-    return v
-
-
-def unbatch_info(infos: dict, i: int) -> dict:
-    """Env i's info out of a vector env's batched info (arrays with `_key` presence masks)."""
-    out = {}
-    for k, v in infos.items():
-        if k.startswith("_"):
-            continue
-        mask = infos.get(f"_{k}")
-        if mask is not None and not mask[i]:
-            continue
-        out[k] = unbatch_info(v, i) if isinstance(v, dict) else _py(v[i])
-    return out
+from .policy import Agent
+from .rollout import TrajectoryWriter, make_vector_env, run_episodes, save_png, unbatch_info  # noqa: F401
 
 
 def load_finished(out: Path) -> dict[tuple[str, int], dict]:
@@ -67,39 +36,6 @@ def load_finished(out: Path) -> dict[tuple[str, int], dict]:
     return finished
 
 
-class _Episode:
-    """One episode in one slot of the vector env: its files, opened when it starts."""
-
-    def __init__(self, out: Path, task, episode: int):
-        self.task, self.episode = task, episode
-        self.dir = out / "trajectories" / f"{task.id}__{episode}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for old in self.dir.glob("step_*.png"):
-            old.unlink()
-        self.log = open(self.dir / "steps.jsonl", "w")
-        self.steps, self.parse_errors, self.t0 = 0, 0, time.monotonic()
-
-    def record(self, step: AgentStep, obs: dict, reward: float, info: dict, agent_seconds: float) -> None:
-        self.steps += 1
-        self.parse_errors += len(step.parse_errors)
-        _save_png(obs["screenshot"], self.dir / f"step_{self.steps:03d}.png")
-        self.log.write(json.dumps({
-            "task": self.task.id, "episode": self.episode, "step": self.steps, "thought": step.thought,
-            "plan": step.plan, "action": step.action, "parse_errors": step.parse_errors,
-            "action_error": info.get("action_error"), "reward": float(reward), "error": info.get("error"),
-            "timings": {"agent": round(agent_seconds, 4), **(info.get("timings") or {})},
-            "calls": step.calls}) + "\n")
-        self.log.flush()
-
-    def finish(self, reward: float, info: dict) -> dict:
-        self.log.close()
-        return {"task": self.task.id, "episode": self.episode, "app": self.task.app,
-                "difficulty": self.task.difficulty, "category": self.task.category,
-                "success": bool(info.get("success")), "reward": float(reward), "steps": self.steps,
-                "parse_errors": self.parse_errors, "seconds": round(time.monotonic() - self.t0, 3),
-                "checks": info.get("checks"), "answer": info.get("answer"), "error": info.get("error")}
-
-
 def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = None, episodes: int = 1,
              num_envs: int = 1, seed: int = 0, env_kwargs: dict | None = None, progress: bool = True) -> dict:
     """Run `agent` on every task `episodes` times over `num_envs` envs; resume what `out` already holds."""
@@ -108,9 +44,8 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
     t_start = time.monotonic()
     finished = load_finished(out)
     env_kwargs = dict(env_kwargs or {})
-    probe = gym.make(env_id, **env_kwargs)         # task table and screen; opens no desktop until reset
-    base = probe.unwrapped
-    tasks, screen = base.tasks, (base.width, base.height)
+    probe = gym.make(env_id, **env_kwargs)         # the task table; opens no desktop until reset
+    tasks = probe.unwrapped.tasks
     probe.close()
     ids = task_ids or list(tasks)
     unknown = [t for t in ids if t not in tasks]
@@ -121,63 +56,33 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
                unit="ep", dynamic_ncols=True)
     successes = sum(r["success"] for r in finished.values())
     if queue:
-        n = max(1, min(num_envs, len(queue)))
-        envs = gym.make_vec(env_id, num_envs=n, vectorization_mode="async" if n > 1 else "sync",
-                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}, **env_kwargs)
-        slots: list[_Episode | None] = [None] * n
+        slots: dict[int, TrajectoryWriter] = {}
+        done_path = out / "episodes.jsonl"
+
+        def on_start(i, task, ep, shot):
+            slots[i] = TrajectoryWriter(out, task, ep, shot)
+
+        def on_step(i, st, shot, reward, info, agent_s):
+            ep = slots[i]
+            ep.record(st, {"screenshot": shot}, reward, info, agent_s)
+            bar.set_postfix_str(f"{ep.task.id} step {ep.steps} | successes {successes}", refresh=False)
+
+        def on_end(i, reward, info):
+            nonlocal successes
+            rec = slots.pop(i).finish(reward, info)
+            finished[(rec["task"], rec["episode"])] = rec
+            with open(done_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            successes += rec["success"]
+            bar.update(1)
+            bar.set_postfix_str(f"successes {successes}")
+
+        envs = make_vector_env(env_id, max(1, min(num_envs, len(queue))), **env_kwargs)
         try:
-            pending: list[tuple[str, int] | None] = [queue.pop(0) for _ in range(n)]
-            envs.set_attr("next_task", [p[0] for p in pending])
-            obs, infos = envs.reset(seed=seed)
-            fresh = np.ones(n, dtype=bool)             # envs whose obs is a fresh reset
-            autoreset = np.zeros(n, dtype=bool)        # envs that reset on the next step (NEXT_STEP mode)
-            done_path = out / "episodes.jsonl"
-            while any(s is not None for s in slots) or any(p is not None for p in pending):
-                for i in np.flatnonzero(fresh):
-                    if pending[i] is not None:
-                        tid, ep = pending[i]
-                        got = unbatch_info(infos, i).get("task")
-                        if got != tid:
-                            raise RuntimeError(f"env {i} reset to task {got!r}, expected {tid!r}")
-                        slots[i], pending[i] = _Episode(out, tasks[tid], ep), None
-                        agent.reset(int(i), tasks[tid])
-                        _save_png(obs["screenshot"][i], slots[i].dir / "step_000.png")
-                active = [i for i in range(n) if slots[i] is not None]
-                if not active and not any(autoreset[i] and pending[i] for i in range(n)):
-                    break
-                t0 = time.monotonic()
-                steps = agent.act([(i, {k: v[i] for k, v in obs.items()}) for i in active]) if active else []
-                agent_s = (time.monotonic() - t0) / max(1, len(active))
-                actions = ["WAIT"] * n
-                for i, st in zip(active, steps):
-                    actions[i] = st.action
-                obs, rewards, terms, truncs, infos = envs.step(tuple(actions))
-                fresh = autoreset                      # this step reset them: their obs starts an episode
-                for i, st in zip(active, steps):
-                    info = unbatch_info(infos, i)
-                    ep = slots[i]
-                    ep.record(st, {"screenshot": obs["screenshot"][i]}, rewards[i], info, agent_s)
-                    bar.set_postfix_str(f"{ep.task.id} step {ep.steps} | successes {successes}", refresh=False)
-                    if terms[i] or truncs[i]:
-                        rec = ep.finish(float(rewards[i]), info)
-                        finished[(rec["task"], rec["episode"])] = rec
-                        with open(done_path, "a") as f:
-                            f.write(json.dumps(rec) + "\n")
-                        successes += rec["success"]
-                        bar.update(1)
-                        slots[i] = None
-                        pending[i] = queue.pop(0) if queue else None
-                autoreset = np.logical_or(terms, truncs)
-                done_now = autoreset
-                if done_now.any():
-                    # NEXT_STEP autoreset: those envs reset on the next step; tell each which task is next
-                    envs.set_attr("next_task", [pending[i][0] if done_now[i] and pending[i] else None
-                                                for i in range(n)])
-                bar.set_postfix_str(f"successes {successes}")
+            run_episodes(envs, agent, tasks, queue, on_start, on_step, on_end, seed=seed)
         finally:
-            for s in slots:
-                if s is not None:
-                    s.log.close()
+            for s in slots.values():
+                s.log.close()
             envs.close()
     bar.close()
     records = [finished[(t, e)] for t in ids for e in range(episodes) if (t, e) in finished]

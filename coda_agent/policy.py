@@ -27,12 +27,21 @@ from .uitars import UITarsParseError, parse_uitars
 
 
 @dataclass
+class PlannerSample:
+    """What the trainer needs of one planner call: the prompt, the sampled tokens and their log-probs."""
+    conversation: Conversation
+    token_ids: list[int]
+    logprobs: list[float] | None
+
+
+@dataclass
 class AgentStep:
     action: str                                   # what goes to env.step
     thought: str = ""
     plan: str = ""                                # the planner's step in words (coda) or the raw action
     calls: list[dict] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
+    sample: PlannerSample | None = None           # the planner's call, when its model gives token ids
 
 
 class Agent(Protocol):
@@ -82,6 +91,8 @@ class _PlannerAgent:
         for conv, (gen, plan) in zip(convs, self.planner.plan(convs)):
             step = AgentStep("WAIT", calls=[{"model": "planner", "input": conversation_record(conv),
                                             "output": gen.text, "seconds": round(gen.seconds, 3)}])
+            if gen.token_ids:
+                step.sample = PlannerSample(conv, list(gen.token_ids), gen.logprobs)
             if isinstance(plan, PlanParseError):
                 step.parse_errors.append(f"planner: {plan}")
                 plan = None

@@ -1,4 +1,4 @@
-"""The `coda` command: `coda envs`, `coda tasks APP`, `coda eval ...`, `coda eval compare A B`.
+"""The `coda` command: `coda envs`, `coda tasks APP`, `coda eval ...`, `coda eval compare A B`, `coda train`.
 
 `coda eval` (in `coda_agent.eval`) runs an agent over a task suite and writes the trajectory as it happens:
 one JSONL record and one PNG per step under `--out`, so a crash loses at most the step in flight, and a
@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("app", nargs="?", default="kalgebra")
     from coda_agent.eval import add_arguments
     add_arguments(sub.add_parser("eval", help="run an agent over a task suite (or: coda eval compare A B)"))
+    from coda_agent.train_cli import add_arguments as add_train_arguments
+    add_train_arguments(sub.add_parser("train", help="train the planner: `coda train grpo ...`, `coda train sft ...`"))
     args = p.parse_args(argv)
     if args.cmd == "envs":
         for env_id, app in coda_env.ENVS.items():
@@ -39,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         for tid, task in load_tasks(args.app).items():
             print(f"{tid:<28}{task.category:<12}{task.difficulty:<8}{task.instruction[:70]}")
         return 0
+    if args.cmd == "train":
+        from coda_agent.train_cli import main_train
+        try:
+            return main_train(args)
+        except (ValueError, RuntimeError, OSError) as e:   # ModelError, bad config, missing checkpoint ...
+            print(f"coda train {args.method}: error: {e}", file=sys.stderr)
+            return 2
     from coda_agent.eval import main_eval
     try:
         return main_eval(args)

@@ -1,0 +1,202 @@
+"""Episodes of an agent over a gymnasium vector env: the one loop that `coda eval` and the GRPO trainer share.
+
+`run_episodes` feeds a queue of (task, episode) pairs through the N envs of a vector env in NEXT_STEP autoreset
+mode: each env tells its next task through `CodaEnv.next_task`, the agent acts on every active env in one
+batched call, and callbacks see each episode start, each step and each end as it happens (eval writes files
+from them; the trainer keeps records in memory). `collect_groups` is the trainer's use of it: G episodes of
+every task, each planner step's prompt, sampled token ids and rollout log-probs kept with the final reward.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from .policy import Agent, AgentStep, PlannerSample
+
+
+def _py(v: Any) -> Any:
+    """numpy values -> JSON-safe Python values."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, dict):
+        return {k: _py(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_py(x) for x in v]
+    return v
+
+
+def unbatch_info(infos: dict, i: int) -> dict:
+    """Env i's info out of a vector env's batched info (arrays with `_key` presence masks)."""
+    out = {}
+    for k, v in infos.items():
+        if k.startswith("_"):
+            continue
+        mask = infos.get(f"_{k}")
+        if mask is not None and not mask[i]:
+            continue
+        out[k] = unbatch_info(v, i) if isinstance(v, dict) else _py(v[i])
+    return out
+
+
+def save_png(frame: np.ndarray, path: Path) -> None:
+    from PIL import Image
+    Image.fromarray(frame).save(path, compress_level=1)
+
+
+class TrajectoryWriter:
+    """One episode's files under out/trajectories/<task>__<episode>/, written as it happens: step_000.png (the
+    first screen), then per step a steps.jsonl record and step_NNN.png (the screen after it)."""
+
+    def __init__(self, out: Path, task, episode: int, first_screenshot: np.ndarray):
+        self.task, self.episode = task, episode
+        self.dir = out / "trajectories" / f"{task.id}__{episode}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for old in self.dir.glob("step_*.png"):
+            old.unlink()
+        save_png(first_screenshot, self.dir / "step_000.png")
+        self.log = open(self.dir / "steps.jsonl", "w")
+        self.steps, self.parse_errors, self.t0 = 0, 0, time.monotonic()
+
+    def record(self, step: AgentStep, obs: dict, reward: float, info: dict, agent_seconds: float) -> None:
+        self.steps += 1
+        self.parse_errors += len(step.parse_errors)
+        save_png(obs["screenshot"], self.dir / f"step_{self.steps:03d}.png")
+        self.log.write(json.dumps({
+            "task": self.task.id, "episode": self.episode, "step": self.steps, "thought": step.thought,
+            "plan": step.plan, "action": step.action, "parse_errors": step.parse_errors,
+            "action_error": info.get("action_error"), "reward": float(reward), "error": info.get("error"),
+            "timings": {"agent": round(agent_seconds, 4), **(info.get("timings") or {})},
+            "calls": step.calls}) + "\n")
+        self.log.flush()
+
+    def finish(self, reward: float, info: dict) -> dict:
+        """Close the files; the episode's record (what episodes.jsonl holds)."""
+        self.log.close()
+        return {"task": self.task.id, "episode": self.episode, "app": self.task.app,
+                "difficulty": self.task.difficulty, "category": self.task.category,
+                "success": bool(info.get("success")), "reward": float(reward), "steps": self.steps,
+                "parse_errors": self.parse_errors, "seconds": round(time.monotonic() - self.t0, 3),
+                "checks": info.get("checks"), "answer": info.get("answer"), "error": info.get("error")}
+
+
+def make_vector_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.VectorEnv:
+    """N envs, each with its own desktop (async when N > 1), in the autoreset mode `run_episodes` expects."""
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="async" if num_envs > 1 else "sync",
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}, **env_kwargs)
+
+
+OnStart = Callable[[int, Any, int, np.ndarray], None]                     # slot, task, episode, first screenshot
+OnStep = Callable[[int, AgentStep, np.ndarray, float, dict, float], None]  # slot, step, screenshot, reward, info, agent s
+OnEnd = Callable[[int, float, dict], None]                               # slot, final reward, final info
+
+
+def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: Sequence[tuple[str, int]],
+                 on_start: OnStart, on_step: OnStep, on_end: OnEnd, seed: int | None = None) -> None:
+    """Run every (task id, episode) of `queue` to its end. The envs are reset first (so a vector env can be
+    reused across calls) and each env gets its next task as soon as it finishes one."""
+    queue = list(queue)
+    if not queue:
+        return
+    n = envs.num_envs
+    pending: list[tuple[str, int] | None] = [queue.pop(0) if queue else None for _ in range(n)]
+    envs.set_attr("next_task", [p[0] if p else None for p in pending])
+    obs, infos = envs.reset(seed=seed)
+    active = [False] * n
+    fresh = np.ones(n, dtype=bool)             # envs whose obs is a fresh reset
+    autoreset = np.zeros(n, dtype=bool)        # envs that reset on the next step (NEXT_STEP mode)
+    while True:
+        for i in np.flatnonzero(fresh):
+            if pending[i] is not None:
+                tid, ep = pending[i]
+                got = unbatch_info(infos, i).get("task")
+                if got != tid:
+                    raise RuntimeError(f"env {i} reset to task {got!r}, expected {tid!r}")
+                pending[i], active[i] = None, True
+                agent.reset(int(i), tasks[tid])
+                on_start(int(i), tasks[tid], ep, obs["screenshot"][i])
+        slots = [i for i in range(n) if active[i]]
+        if not slots and not any(autoreset[i] and pending[i] for i in range(n)):
+            return
+        t0 = time.monotonic()
+        steps = agent.act([(i, {k: v[i] for k, v in obs.items()}) for i in slots]) if slots else []
+        agent_s = (time.monotonic() - t0) / max(1, len(slots))
+        actions = ["WAIT"] * n
+        for i, st in zip(slots, steps):
+            actions[i] = st.action
+        obs, rewards, terms, truncs, infos = envs.step(tuple(actions))
+        fresh = autoreset                          # this step reset them: their obs starts an episode
+        for i, st in zip(slots, steps):
+            info = unbatch_info(infos, i)
+            on_step(i, st, obs["screenshot"][i], float(rewards[i]), info, agent_s)
+            if terms[i] or truncs[i]:
+                on_end(i, float(rewards[i]), info)
+                active[i] = False
+                pending[i] = queue.pop(0) if queue else None
+        autoreset = np.logical_or(terms, truncs)
+        if autoreset.any():
+            # NEXT_STEP autoreset: those envs reset on the next step; tell each which task is next
+            envs.set_attr("next_task", [pending[i][0] if autoreset[i] and pending[i] else None for i in range(n)])
+
+
+@dataclass
+class Rollout:
+    """One episode as the trainer sees it: the planner's samples and the episode's reward."""
+    task: str
+    app: str
+    group: int                                    # index of the task's group in this batch
+    samples: list[PlannerSample] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)   # JSON-safe step records (thought, action, errors)
+    reward: float = 0.0
+    success: bool = False
+    info: dict = field(default_factory=dict)
+
+
+def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_ids: Sequence[str],
+                   group_size: int, seed: int | None = None, out: Path | None = None) -> list[Rollout]:
+    """G = `group_size` episodes of every task in `task_ids`, batched over the envs; rollouts in queue order
+    (task-major), so rollouts[g * G:(g + 1) * G] is task g's group. With `out`, the episodes are also written
+    as `coda eval` trajectories (out/trajectories, out/episodes.jsonl), which stage-2 SFT reads."""
+    queue = [(t, e) for t in task_ids for e in range(group_size)]
+    rollouts = [Rollout(t, tasks[t].app, g) for g, t in enumerate(task_ids) for _ in range(group_size)]
+    index = {q: k for k, q in enumerate(queue)}
+    current: dict[int, Rollout] = {}
+    writers: dict[int, TrajectoryWriter] = {}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+
+    def on_start(slot, task, ep, shot):
+        current[slot] = rollouts[index[(task.id, ep)]]
+        if out is not None:
+            writers[slot] = TrajectoryWriter(out, task, ep, shot)
+
+    def on_step(slot, step, shot, reward, info, agent_s):
+        r = current[slot]
+        if step.sample is not None:
+            r.samples.append(step.sample)
+        r.steps.append({"thought": step.thought, "plan": step.plan, "action": step.action,
+                        "parse_errors": step.parse_errors, "action_error": info.get("action_error")})
+        if slot in writers:
+            writers[slot].record(step, {"screenshot": shot}, reward, info, agent_s)
+
+    def on_end(slot, reward, info):
+        r = current.pop(slot)
+        r.reward, r.success, r.info = reward, bool(info.get("success")), info
+        if slot in writers:
+            rec = writers.pop(slot).finish(reward, info)
+            with open(out / "episodes.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    try:
+        run_episodes(envs, agent, tasks, queue, on_start, on_step, on_end, seed=seed)
+    finally:
+        for w in writers.values():
+            w.log.close()
+    return rollouts
