@@ -5,6 +5,7 @@ multi-resolution input, tiny real Qwen2.5-VL ensembles, reward="judge" on the re
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import pickle
@@ -35,7 +36,8 @@ class _StandIn(BaseHTTPRequestHandler):
     'yes' / 'no': always that verdict; 'junk': no verdict; 'echo': only the template `VERDICT: YES|NO`;
     'cycle:PAT': PAT[seed % len(PAT)] with Y = YES, N = NO, X = no verdict; 'word:W': YES iff W is in the
     user's text; 'fullres': YES iff the last image is strictly larger than every earlier one.
-    Every request is recorded: model, seed, temperature, user text, and each image's size and top-left pixel."""
+    Every request is recorded: model, seed, temperature, user text, and each image's size, top-left pixel
+    and md5 of its RGB bytes."""
     seen: list[dict] = []
     lock = threading.Lock()
 
@@ -66,7 +68,9 @@ class _StandIn(BaseHTTPRequestHandler):
                 else:
                     raw = base64.b64decode(p["image_url"]["url"].split(",", 1)[1])
                     with Image.open(io.BytesIO(raw)) as im:
-                        images.append({"size": im.size, "pixel": im.convert("RGB").getpixel((0, 0))})
+                        rgb = im.convert("RGB")
+                        images.append({"size": im.size, "pixel": rgb.getpixel((0, 0)),
+                                       "md5": hashlib.md5(rgb.tobytes()).hexdigest()})
         text = "\n".join(text)
         model, seed = body["model"], body.get("seed")
         with _StandIn.lock:
@@ -203,12 +207,13 @@ def test_same_served_name_twice_is_told_apart(stand_in, seen):
 def test_multi_resolution_views_reach_the_model(stand_in, seen):
     # earlier screens: 10, 10 (a WAIT: dropped), 20, 30, 40, then the final 99
     frames = [_solid(v) for v in (10, 10, 20, 30, 40, 99)]
-    judge = _judge(stand_in, ("fullres", 1.0), samples=1, history=2, history_size=(320, 200))
+    judge = _judge(stand_in, ("fullres", 1.0), samples=1, history=3, history_size=(320, 200))
     r = judge.score("Task text here.", frames, answer="81")
-    assert r.images == [(320, 200), (320, 200), (1280, 800)] and r.score == 1.0
+    assert r.images == [(320, 200)] * 3 + [(1280, 800)] and r.score == 1.0
     (req,) = seen
-    assert [i["size"] for i in req["images"]] == [(320, 200), (320, 200), (1280, 800)]
-    assert [i["pixel"][0] for i in req["images"]] == [10, 40, 99]        # evenly spaced: first and last earlier
+    assert [i["size"] for i in req["images"]] == [(320, 200)] * 3 + [(1280, 800)]
+    # 3 of the 4 distinct earlier screens, evenly spaced (indices 0, 2, 3), then the final one
+    assert [i["pixel"][0] for i in req["images"]] == [10, 30, 40, 99]
     assert "Task text here." in req["text"] and "final answer: 81" in req["text"]
     seen.clear()
     # no history: only the final screen; a final_size box shrinks it too (then 'fullres' has nothing to beat)
@@ -307,14 +312,31 @@ def test_env_reward_argument_errors():
     assert CodaEnv().judge is None
 
 
+def _play(env, task_id: str):
+    """The oracle's episode, keeping every screen the env returned (what `coda eval` stores as PNGs)."""
+    obs, _ = env.reset(options={"task": task_id})
+    frames = [obs["screenshot"]]
+    for action in env.unwrapped.tasks[task_id].solution:
+        obs, r, term, trunc, info = env.step(action)
+        frames.append(obs["screenshot"])
+        if term or trunc:
+            return frames, r, info
+    raise AssertionError("the solution did not end the episode")
+
+
+def _md5s(judge: Judge, frames) -> list[str]:
+    earlier, final = judge.images(frames)
+    return [hashlib.md5(np.ascontiguousarray(a).tobytes()).hexdigest() for a in (*earlier, final)]
+
+
 def test_judge_reward_on_kalgebra(stand_in, seen):
     env = gym.make("coda/KAlgebra-v0", reward="judge", judge={
         "models": [{"spec": stand_in, "model": "word:power"}], "samples": 2, "history": 3,
         "history_size": [320, 200]})
     try:
         base = env.unwrapped
-        rewards, term, trunc, info = run_solution(env, "calc_power")
-        assert term and rewards[-1] == 1.0
+        frames, reward, info = _play(env, "calc_power")
+        assert reward == 1.0
         assert info["success"] is True and info["checks"][0]["passed"]          # the checks still ran
         j = info["judge"]
         assert j["score"] == 1.0 and j["success"] and j["votes"] == {"word:power": 1.0}
@@ -323,6 +345,19 @@ def test_judge_reward_on_kalgebra(stand_in, seen):
         assert sizes[-1] == (1280, 800) and 2 <= len(sizes) <= 4
         assert all(s == (320, 200) for s in sizes[:-1])
         assert load_tasks("kalgebra")["calc_power"].instruction in seen[0]["text"]
+        # what the env kept (small copies of changed screens) shows the judge exactly what the whole stored
+        # trajectory would: the same images, byte for byte, as `coda judge calibrate` gives it
+        assert [i["md5"] for i in seen[0]["images"]] == _md5s(base.judge, frames)
+        # ... also when the last step changed the screen (truncated by the budget right after typing)
+        seen.clear()
+        base.max_steps = 1
+        obs, _ = env.reset(options={"task": "calc_power"})
+        last, r, term, trunc, info = env.step(load_tasks("kalgebra")["calc_power"].solution[0])
+        base.max_steps = None
+        assert trunc and not term and r == 1.0 and info["judge"]["score"] == 1.0
+        assert not np.array_equal(obs["screenshot"], last["screenshot"])
+        assert [i["md5"] for i in seen[0]["images"]] == _md5s(base.judge, [obs["screenshot"], last["screenshot"]])
+        assert len(seen[0]["images"]) == 2
         assert base._frames == [] and "judge" in info["timings"]               # the screens are let go
         # the same judge on another task says NO though the checks pass: the two are reported side by side
         rewards, term, trunc, info = run_solution(env, "calc_log2_3")
