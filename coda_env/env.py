@@ -59,7 +59,8 @@ class CodaEnv(gym.Env):
             raise ValueError(f"reward must be 'check' or 'judge', got {reward!r}")
         if judge is not None and reward != "judge":
             raise ValueError("judge= is only used with reward='judge'")
-        # reward="judge": a Judge, JudgeConfig or dict of its fields; its models load on first use
+        # reward="judge": a Judge, JudgeConfig or dict of its fields; its models load on first use. Public:
+        # a trainer may swap in another Judge between episodes
         self.judge = make_judge(judge) if reward == "judge" else None
         if action_mode not in ("text", "structured"):
             raise ValueError("action_mode must be 'text' or 'structured'")

@@ -27,9 +27,10 @@ import re
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ class JudgeConfig:
                     raise ValueError(f"judge model {m!r}: needs 'spec'; known keys: spec, weight, model, options")
                 ms.append(JudgeModel(**m))
             else:
-                raise ValueError(f"judge model must be a spec string, dict or JudgeModel, got {type(m).__name__}")
+                raise TypeError(f"judge model must be a spec string, dict or JudgeModel, got {type(m).__name__}")
         if self.weights is not None:
             if len(self.weights) != len(ms):
                 raise ValueError(f"{len(self.weights)} judge weights for {len(ms)} models")
@@ -136,7 +137,7 @@ class JudgeConfig:
                 raise ValueError(f"judge {name} must be (width, height) in pixels, got {v!r}")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "JudgeConfig":
+    def from_dict(cls, d: dict) -> JudgeConfig:
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown judge settings {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
@@ -212,7 +213,7 @@ class Judge:
     `Judge(JudgeConfig(models=[...]))` or `Judge({"models": [...], ...})` loads the models on first use;
     `Judge([(vlm, weight), ...], config)` uses ready VLM objects (config.models is then ignored)."""
 
-    def __init__(self, models: "JudgeConfig | dict | Sequence[tuple[Any, float]]",
+    def __init__(self, models: JudgeConfig | dict | Sequence[tuple[Any, float]],
                  config: JudgeConfig | None = None):
         if isinstance(models, dict):
             models = JudgeConfig.from_dict(models)
@@ -296,7 +297,7 @@ class Judge:
         call per sample: an HTTP server given one seed for all would return one answer n times)."""
         from coda_agent.models import SamplingParams
         c, n = self.config, self.config.samples
-        params = dict(max_new_tokens=c.max_new_tokens, temperature=c.temperature)
+        params = {"max_new_tokens": c.max_new_tokens, "temperature": c.temperature}
         if c.seed is None:
             gens = model.generate([conv for conv in convs for _ in range(n)], SamplingParams(**params))
             texts = [g.text for g in gens]
@@ -345,7 +346,7 @@ class Judge:
         return self.score_batch([(instruction, screenshots, answer)])[0]
 
 
-def make_judge(judge: "Judge | JudgeConfig | dict | None") -> Judge:
+def make_judge(judge: Judge | JudgeConfig | dict | None) -> Judge:
     if judge is None:
         raise ValueError("reward='judge' needs judge=JudgeConfig(models=[...]) (or a dict of its fields, or a Judge)")
     return judge if isinstance(judge, Judge) else Judge(judge)

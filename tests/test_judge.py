@@ -21,8 +21,16 @@ import pytest
 
 import coda_env  # noqa: F401  (registers the env ids)
 from coda_env.cli import main
-from coda_env.judge import (Judge, JudgeConfig, JudgeError, JudgeModel, agreement, fit_within, parse_verdict,
-                            pick_history)
+from coda_env.judge import (
+    Judge,
+    JudgeConfig,
+    JudgeError,
+    JudgeModel,
+    agreement,
+    fit_within,
+    parse_verdict,
+    pick_history,
+)
 from coda_env.tasks import load_tasks
 
 from .conftest import run_solution
@@ -380,14 +388,14 @@ def test_dead_judge_endpoint_keeps_the_env_usable(stand_in, seen):
     env = gym.make("coda/KAlgebra-v0", reward="judge", judge=JudgeConfig(
         models=[JudgeModel(dead, model="m", options={"retries": 0})], samples=1))
     try:
-        rewards, term, trunc, info = run_solution(env, "calc_power")
+        rewards, term, _, info = run_solution(env, "calc_power")
         assert term and rewards[-1] == 0.0
         assert info["error"].startswith("JudgeError") and dead in info["error"] and "judge" not in info
         assert info["success"] is True                                          # the checks' verdict stays
-        rewards, term, trunc, info = run_solution(env, "calc_power")           # reset and play again: fine
+        rewards, _, _, info = run_solution(env, "calc_power")                   # reset and play again: fine
         assert rewards[-1] == 0.0 and "JudgeError" in info["error"]
         env.unwrapped.judge = _judge(stand_in, ("yes", 1.0), samples=1)         # a live judge: scored again
-        rewards, term, trunc, info = run_solution(env, "calc_power")
+        rewards, _, _, info = run_solution(env, "calc_power")
         assert rewards[-1] == 1.0 and info.get("error") is None
     finally:
         env.close()
@@ -467,3 +475,16 @@ def test_calibrate_skips_broken_trajectories_and_reports_errors(eval_runs, stand
     assert "did not answer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["judge"])
+
+
+def test_judge_reward_through_coda_eval_on_an_async_vector_env(stand_in, seen, tmp_path):
+    """The training path: judge-rewarded envs in worker processes (the judge is pickled without models)."""
+    from coda_agent.eval import run_eval
+    from coda_agent.policy import OracleAgent
+    judge = {"models": [{"spec": stand_in, "model": "word:power"}], "samples": 1}
+    s = run_eval("coda/KAlgebra-v0", OracleAgent(), tmp_path / "run", TASKS[:2], num_envs=2,
+                 env_kwargs={"reward": "judge", "judge": judge}, progress=False)
+    recs = {r["task"]: r for r in _records(tmp_path / "run")}
+    assert s["overall"]["success"] == 2                                  # eval's success is the checks'
+    assert (recs["calc_power"]["reward"], recs["calc_log2_3"]["reward"]) == (1.0, 0.0)   # the judge's
+    assert len(seen) == 2 and all(r["error"] is None for r in recs.values())
