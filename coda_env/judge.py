@@ -281,7 +281,11 @@ class Judge:
         return earlier, final
 
     def conversation(self, instruction: str, screenshots: Sequence[np.ndarray], answer: str | None = None) -> list[dict]:
-        earlier, final = self.images(screenshots)
+        """The judge's chat: system prompt, then the task, the earlier screens, the final one, the answer."""
+        return self._conversation(instruction, *self.images(screenshots), answer)
+
+    @staticmethod
+    def _conversation(instruction: str, earlier: list[np.ndarray], final: np.ndarray, answer: str | None) -> list[dict]:
         parts: list[dict] = [{"type": "text", "text": JUDGE_TASK.format(instruction=instruction)}]
         for i, img in enumerate(earlier):
             parts += [{"type": "text", "text": JUDGE_HISTORY.format(i=i + 1, n=len(earlier))},
@@ -316,14 +320,15 @@ class Judge:
         for instruction, screenshots, answer in episodes:
             earlier, final = self.images(screenshots)
             shown.append([(a.shape[1], a.shape[0]) for a in (*earlier, final)])
-            convs.append(self.conversation(instruction, screenshots, answer))
-        members, names = self.members, self.names()
+            convs.append(self._conversation(instruction, earlier, final, answer))
         per_model: list[list[list[str]]] = []
-        for model, name in zip(members, names):
+        for model in self.members:
             try:
                 per_model.append(self._sample(model, convs))
             except (RuntimeError, OSError, ValueError) as e:     # ModelError (dead endpoint), CUDA OOM, ...
-                raise JudgeError(f"judge model {name!r} failed: {type(e).__name__}: {e}") from e
+                raise JudgeError(f"judge model {getattr(model, 'name', model)!r} failed: "
+                                 f"{type(e).__name__}: {e}") from e
+        names = self.names()            # after the calls: an endpoint's served name is known by then
         seconds = (time.monotonic() - t0) / max(1, len(convs))
         results = []
         for j in range(len(convs)):
