@@ -1,4 +1,5 @@
-"""The `coda` command: `coda envs`, `coda tasks APP`, `coda eval ...`, `coda eval compare A B`, `coda train`.
+"""The `coda` command: `coda envs`, `coda tasks APP`, `coda eval ...`, `coda eval compare A B`, `coda train
+grpo|sft ...`, `coda judge calibrate --runs ... --judge ...` (the VLM judge against the checks, `coda_env.judge`).
 
 `coda eval` (in `coda_agent.eval`) runs an agent over a task suite and writes the trajectory as it happens:
 one JSONL record and one PNG per step under `--out`, so a crash loses at most the step in flight, and a
@@ -22,15 +23,26 @@ def main(argv: list[str] | None = None) -> int:
         from coda_agent.eval import compare
         print(compare(Path(args.a), Path(args.b)))
         return 0
+    if argv[:1] == ["judge"]:
+        from .judge import add_calibrate_arguments, main_calibrate
+        j = argparse.ArgumentParser(prog="coda judge calibrate",
+                                    description="judge stored `coda eval` episodes; compare with their checks")
+        add_calibrate_arguments(j)
+        if argv[1:2] != ["calibrate"]:
+            j.error("the judge command is: coda judge calibrate --runs RUN [RUN ...] --judge PATH_OR_URL")
+        return main_calibrate(j.parse_args(argv[2:]))
     p = argparse.ArgumentParser(prog="coda", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("envs", help="list the registered env ids")
+    sub.add_parser("judge", help="coda judge calibrate: the VLM judge against stored episodes' checks")
     t = sub.add_parser("tasks", help="list an app's tasks")
     t.add_argument("app", nargs="?", default="kalgebra")
     from coda_agent.eval import add_arguments
     add_arguments(sub.add_parser("eval", help="run an agent over a task suite (or: coda eval compare A B)"))
-    from coda_agent.train_cli import add_arguments as add_train_arguments
-    add_train_arguments(sub.add_parser("train", help="train the planner: `coda train grpo ...`, `coda train sft ...`"))
+    train = sub.add_parser("train", help="train the planner: `coda train grpo ...`, `coda train sft ...`")
+    if argv[:1] == ["train"]:                   # torch is imported only for this command
+        from coda_agent.train_cli import add_arguments as add_train_arguments
+        add_train_arguments(train)
     args = p.parse_args(argv)
     if args.cmd == "envs":
         for env_id, app in coda_env.ENVS.items():

@@ -3,7 +3,11 @@
 Observation: {"screenshot": (H, W, 3) uint8, "instruction": text[, "a11y_tree": text]}.
 Action: a pyautogui code string (or `DONE`/`FAIL`/`WAIT`/`ANS <text>`), parsed and whitelisted by
 `coda_env.actions`; or, with action_mode="structured", the array form of `actions.structured_space`.
-Reward: 0 until the episode ends; then the task's checks give 1.0 or 0.0.
+Reward: 0 until the episode ends; then, with reward="check", the task's checks give 1.0 or 0.0; with
+reward="judge", a VLM judge (`coda_env.judge`) scores the episode's screens: 1.0/0.0 by the judge's threshold
+(JudgeConfig.reward="binary", the default, on the checks' scale) or its score in [0, 1] (reward="score").
+The checks still run in judge mode: info["success"]/["checks"] are theirs, info["judge"] the judge's, so
+the two can be compared. A judge that fails (dead endpoint) gives reward 0.0 and info["error"] naming it.
 
 After every action the env waits until the screen has settled (no change for `settle_quiet` seconds,
 at most `settle_timeout`), instead of sleeping a fixed time.
@@ -26,6 +30,7 @@ from .actions import TERMINAL_KINDS, Action, ActionError, from_structured, parse
 from .apps import AppError, get_app
 from .backends.base import DesktopError
 from .checks import run_checks
+from .judge import JudgeError, fit_within, make_judge
 from .tasks import Task, TaskError, load_tasks
 
 CHARSET = string.printable + "".join(chr(c) for c in range(0xA0, 0x3000))
@@ -48,9 +53,15 @@ class CodaEnv(gym.Env):
                  tasks: list[str] | None = None, screen: tuple[int, int] = (1280, 800), reward: str = "check",
                  action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
                  a11y_tree: bool = False, settle_timeout: float = 2.0, settle_quiet: float = 0.05,
-                 ready_timeout: float = 30.0, info_timings: bool = True, backend_options: dict | None = None):
-        if reward != "check":
-            raise ValueError(f"reward={reward!r} is not available yet; use reward='check'")
+                 ready_timeout: float = 30.0, info_timings: bool = True, backend_options: dict | None = None,
+                 judge: Any = None):
+        if reward not in ("check", "judge"):
+            raise ValueError(f"reward must be 'check' or 'judge', got {reward!r}")
+        if judge is not None and reward != "judge":
+            raise ValueError("judge= is only used with reward='judge'")
+        # reward="judge": a Judge, JudgeConfig or dict of its fields; its models load on first use. Public:
+        # a trainer may swap in another Judge between episodes
+        self.judge = make_judge(judge) if reward == "judge" else None
         if action_mode not in ("text", "structured"):
             raise ValueError("action_mode must be 'text' or 'structured'")
         if render_mode not in (None, "rgb_array"):
@@ -88,6 +99,11 @@ class CodaEnv(gym.Env):
         self._obs: dict[str, Any] | None = None
         self._steps = 0
         self._done = True
+        # judge mode only: downscaled copies of the episode's screens, each kept only when it differs from the
+        # screen before (what the judge shows as earlier steps); the final screen is the observation itself
+        self._frames: list[np.ndarray] = []
+        self._frame_last: np.ndarray | None = None
+        self._frame_kept = False
         # The task of the next reset when its options name none: how a runner assigns tasks to the envs of
         # a vector env (`envs.set_attr("next_task", [...])`), whose autoreset passes no options. Used once.
         self.next_task: str | None = None
@@ -168,6 +184,9 @@ class CodaEnv(gym.Env):
         timings["reset"] = time.monotonic() - t0
         self._obs = self._observation(frame)
         self._steps, self._done, self._answer = 0, False, None
+        if self.judge is not None:
+            self._frames, self._frame_last = [], None
+            self._keep_frame(frame)
         self.timings = timings
         info = {"task": self.task.id, "instruction": self.task.instruction}
         if self.info_timings:
@@ -202,6 +221,8 @@ class CodaEnv(gym.Env):
             t1 = time.monotonic()
             self._obs = self._observation(frame)
             timings["screenshot"] = time.monotonic() - t1
+            if self.judge is not None:
+                self._keep_frame(frame)
         except (DesktopError, AppError, OSError) as e:
             return self._crash(e, info)
         budget = self.max_steps or self.task.steps
@@ -233,7 +254,34 @@ class CodaEnv(gym.Env):
         info["success"] = ok
         info["checks"] = [{"passed": r.passed, "type": r.check["type"], "detail": r.detail} for r in results]
         info["answer"] = answer
-        return (1.0 if ok else 0.0), info
+        if self.judge is None:
+            return (1.0 if ok else 0.0), info
+        return self._judge_reward(info, answer), info
+
+    def _keep_frame(self, frame: np.ndarray) -> None:
+        """Judge mode: keep a downscaled copy of a screen that differs from the one before (about 6 ms)."""
+        self._frame_kept = False
+        if self.judge.config.history > 0 and (self._frame_last is None or not np.array_equal(frame, self._frame_last)):
+            self._frames.append(fit_within(frame, self.judge.config.history_size))
+            self._frame_kept = True
+        self._frame_last = frame
+
+    def _judge_reward(self, info: dict, answer: str | None) -> float:
+        """Ask the judge about the episode; its failure is the episode's error, not the env's."""
+        earlier = self._frames[:-1] if self._frame_kept else self._frames
+        t0 = time.monotonic()
+        try:
+            result = self.judge.score(self.task.instruction, [*earlier, self._obs["screenshot"]], answer)
+        except JudgeError as e:
+            info["error"] = f"JudgeError: {e}"
+            return 0.0
+        finally:
+            self.timings["judge"] = time.monotonic() - t0
+            self._frames, self._frame_last = [], None
+        info["judge"] = result.to_dict()
+        if self.judge.config.reward == "score":
+            return float(result.score)
+        return 1.0 if result.success else 0.0
 
     def _crash(self, error: Exception, info: dict):
         """The app or the desktop died: end the episode as truncated and say why; reset() recovers."""
