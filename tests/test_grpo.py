@@ -205,4 +205,27 @@ def test_stage2_sft_on_successful_trajectories(learned):
                "--executor", str(tmp / "executor"), "--tasks", "calc_ans_multiply", "--max-steps", "1",
                "--out", str(tmp / "eval-generalist"), "--quiet"])
     results = json.loads((tmp / "eval-generalist" / "results.json").read_text())
-    assert rc == 0 and results["summary"]["overall"]["episodes"] == 1
+    assert rc == 0 and results["summary"]["overall"]["n"] == 1
+
+
+def test_train_cli_config_file_and_flags(tmp_path):
+    import argparse
+
+    from coda_agent.train_cli import add_arguments, config_from_args
+    from coda_env.cli import main
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps({**GRPOConfig(planner="/p", group_size=4).__dict__, "lr": 0.5}))
+    args = p.parse_args(["grpo", "--config", str(saved), "--group-size", "6", "--tasks", "a", "b", "--kl-coef", "0"])
+    cfg = config_from_args(GRPOConfig, args)
+    assert (cfg.planner, cfg.group_size, cfg.lr, cfg.tasks, cfg.kl_coef) == ("/p", 6, 0.5, ["a", "b"], 0.0)
+    saved.write_text(json.dumps({"planer": "/typo"}))
+    with pytest.raises(ValueError, match="unknown settings"):
+        config_from_args(GRPOConfig, p.parse_args(["grpo", "--config", str(saved)]))
+    sft = config_from_args(SFTConfig, p.parse_args(["sft", "--runs", "r1", "--filter", "judge", "--lora-r", "0"]))
+    assert (sft.runs, sft.filter, sft.lora_r) == (["r1"], "judge", 0)
+    # clear errors, exit code 2, no traceback
+    assert main(["train", "grpo", "--executor", "/x"]) == 2
+    assert main(["train", "grpo", "--planner", str(tmp_path / "missing"), "--executor", "/x"]) == 2
+    assert main(["train", "sft", "--planner", str(tmp_path)]) == 2
