@@ -598,3 +598,18 @@ def test_real_vm_round_trip():
             d.read_file("/tmp/coda/marker")  # the revert took the disk back too
     finally:
         d.stop()
+
+
+def test_vm_images_domain_template_is_accepted(tmp_path, base, conn):
+    """vm_images/domain.xml.in, filled in as build.sh does, defines and starts a domain."""
+    text = (Path(__file__).resolve().parents[1] / "vm_images" / "domain.xml.in").read_text()
+    t = tmp_path / "domain.xml"
+    t.write_text(text.replace("@KERNEL@", "/b/vmlinuz").replace("@INITRD@", "/b/initrd.img"))
+    d = lvb.LibvirtDesktop(config(base, domain_xml=str(t)))
+    d.start()
+    try:
+        xml = conn.lookupByName(d.name).XMLDesc()
+        assert "<kernel>/b/vmlinuz</kernel>" in xml and "root=/dev/vda" in xml
+        assert "<input type='tablet' bus='usb'/>" in xml and "org.qemu.guest_agent.0" in xml
+    finally:
+        d.stop()
