@@ -613,3 +613,21 @@ def test_vm_images_domain_template_is_accepted(tmp_path, base, conn):
         assert "<input type='tablet' bus='usb'/>" in xml and "org.qemu.guest_agent.0" in xml
     finally:
         d.stop()
+
+
+def test_env_on_libvirt_backend_reaches_the_guest(base, conn):
+    """gym env -> make_desktop('libvirt', backend_options) -> a domain; launching the app needs the guest
+    agent, which the test driver lacks: reset says so instead of hanging."""
+    from coda_env.env import CodaEnv
+    env = CodaEnv(app="kalgebra", backend="libvirt", screen=(1024, 768),
+                  backend_options=dict(uri=TEST_URI, base_image=base, pool=POOL, wait_for_agent=False))
+    try:
+        assert isinstance(env.desktop, lvb.LibvirtDesktop) and env.desktop.width == 1024
+        if __import__("shutil").which("kalgebra") is None:
+            pytest.skip("the kalgebra adapter checks for kalgebra on this machine first")
+        with pytest.raises(lvb.GuestAgentError, match="guest-exec"):
+            env.reset(options={"task": next(iter(env.tasks))})
+        assert env.desktop.alive() and conn.lookupByName(env.desktop.name).isActive()
+    finally:
+        env.close()
+    assert coda_domains(conn) == [] and coda_volumes(conn) == []
