@@ -21,9 +21,9 @@ import pytest
 
 libvirt = pytest.importorskip("libvirt", reason="libvirt-python is not installed (pip install 'coda[vm]')")
 
-from coda_env.actions import KEY_NAMES, Action, parse_action  # noqa: E402
-from coda_env.backends import libvirt as lvb  # noqa: E402
-from coda_env.backends.base import Desktop, DesktopError  # noqa: E402
+from coda_env.actions import KEY_NAMES, Action, parse_action
+from coda_env.backends import libvirt as lvb
+from coda_env.backends.base import Desktop, DesktopError
 
 TEST_URI = "test:///default"
 POOL = "default-pool"  # the test driver's built-in dir pool
@@ -265,7 +265,7 @@ def test_keycodes_match_the_kernel_header():
 
 def test_chords_for_characters_hotkeys_and_shift():
     codes = _linux_keycodes()
-    k = lambda n: codes[f"KEY_{n}"]  # noqa: E731
+    k = lambda n: codes[f"KEY_{n}"]
     assert lvb.key_chord(["a"]) == (k("A"),)
     assert lvb.key_chord(["A"]) == (k("LEFTSHIFT"), k("A"))
     assert lvb.key_chord([":"]) == (k("LEFTSHIFT"), k("SEMICOLON"))
@@ -356,7 +356,7 @@ def test_scroll_plans():
     assert steps == [_btn("wheel-up", True), _btn("wheel-up", False)] * 2
     steps, _ = lvb.plan_input(Action("scroll", amount=-1, x=10, y=10), (0, 0), SIZE)
     assert steps[1:] == [_btn("wheel-down", True), _btn("wheel-down", False)]
-    shift = lambda down: ("qmp", [{"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": "shift"}}}])  # noqa: E731
+    shift = lambda down: ("qmp", [{"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": "shift"}}}])
     steps, _ = lvb.plan_input(Action("hscroll", amount=1), (0, 0), SIZE)
     assert steps == [shift(True), _btn("wheel-down", True), _btn("wheel-down", False), shift(False)]
     steps, _ = lvb.plan_input(Action("hscroll", amount=-1), (0, 0), SIZE, native_hscroll=True)

@@ -30,11 +30,12 @@ import sys
 import time
 import uuid
 import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
 from string import Template
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Union
 from urllib.parse import urlsplit
 from xml.sax.saxutils import escape, quoteattr
 
@@ -401,7 +402,7 @@ class GuestProcess:
 
     `spawn` runs it under `setsid`, so the pid is also its process group (what `kill_group` kills)."""
 
-    def __init__(self, desktop: "LibvirtDesktop", pid: int, args: Sequence[str]):
+    def __init__(self, desktop: LibvirtDesktop, pid: int, args: Sequence[str]):
         self._desktop = desktop
         self.pid = pid
         self.args = list(args)
