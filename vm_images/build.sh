@@ -6,8 +6,8 @@
 # <resolution> as its preferred mode), openbox, wmctrl (LibvirtDesktop.windows), qemu-guest-agent (started by
 # udev when its virtio port appears), kalgebra and the AT-SPI packages. No network, no password login.
 #
-# Needs no loop device and no mount: debootstrap installs everything into a folder (it mounts /proc in the
-# target itself), `mkfs.ext4 -d` turns the folder into a partitionless filesystem, and the domain boots the
+# Needs no loop device: debootstrap and apt install into a folder (with /proc and /sys mounted in it),
+# `mkfs.ext4 -d` turns the folder into a partitionless filesystem, and the domain boots the
 # kernel directly (root=/dev/vda), so no bootloader is installed. Run as root; heavy: run it with `nice`.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -30,10 +30,26 @@ fi
 
 mkdir -p "$OUT"
 ROOT=$(mktemp -d "$OUT/rootfs.XXXXXX")
-trap 'rm -rf "$ROOT" "$OUT/root.img"' EXIT
+cleanup() {
+  umount "$ROOT/proc" "$ROOT/sys" 2>/dev/null || true
+  rm -rf --one-file-system "$ROOT" "$OUT/root.img"  # never crosses into a mount left behind
+}
+trap cleanup EXIT
 
-echo "vm-image: debootstrap $SUITE with ${#PACKAGES[@]} packages (and their dependencies) into $ROOT"
-debootstrap --variant=minbase --include="$(IFS=,; echo "${PACKAGES[*]}")" "$SUITE" "$ROOT" ${MIRROR:+"$MIRROR"}
+# debootstrap resolves --include shallowly (it fails on KDE's dependency tree), so it makes only the base
+# system; apt in the chroot installs the rest.
+echo "vm-image: debootstrap $SUITE (minbase) into $ROOT"
+debootstrap --variant=minbase "$SUITE" "$ROOT" ${MIRROR:+"$MIRROR"}
+echo "vm-image: installing ${#PACKAGES[@]} packages and their dependencies"
+mount -t proc proc "$ROOT/proc"
+mount -t sysfs sysfs "$ROOT/sys"
+printf '#!/bin/sh\nexit 101\n' > "$ROOT/usr/sbin/policy-rc.d"  # no services start in the chroot
+chmod +x "$ROOT/usr/sbin/policy-rc.d"
+chroot "$ROOT" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive chroot "$ROOT" apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"
+chroot "$ROOT" apt-get clean
+rm -f "$ROOT/usr/sbin/policy-rc.d"
+umount "$ROOT/proc" "$ROOT/sys"
 
 echo "vm-image: configuring the guest"
 echo coda-vm > "$ROOT/etc/hostname"
