@@ -1,5 +1,5 @@
 # The two commands of the quick start. Both install what is missing first (scripts/setup.sh).
-.PHONY: setup demo test test-all bench clean
+.PHONY: setup demo test test-all bench clean vm-image
 
 setup:
 	@bash scripts/setup.sh
@@ -17,6 +17,10 @@ test-all: setup
 
 bench: setup
 	.venv/bin/python benchmarks/env_latency.py
+
+# The libvirt backend's base image (as root; minutes, mostly downloads): vm_images/README.md.
+vm-image:
+	nice -n 19 bash vm_images/build.sh
 
 clean:
 	rm -rf .venv runs

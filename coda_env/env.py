@@ -38,10 +38,14 @@ MAX_TEXT = 10_000
 
 
 def make_desktop(backend: str, width: int, height: int, **kwargs):
+    """A desktop of `backend` with the env's screen size; `kwargs` (backend_options) go to its config."""
     if backend == "local":
         from .backends.local import LocalConfig, LocalDesktop
         return LocalDesktop(LocalConfig(width=width, height=height, **kwargs))
-    raise ValueError(f"unknown backend {backend!r}; available: 'local'")
+    if backend == "libvirt":  # the module imports libvirt-python only when a desktop is made
+        from .backends.libvirt import LibvirtConfig, LibvirtDesktop
+        return LibvirtDesktop(LibvirtConfig(width=width, height=height, **kwargs))
+    raise ValueError(f"unknown backend {backend!r}; available: 'local', 'libvirt'")
 
 
 class CodaEnv(gym.Env):
@@ -164,6 +168,8 @@ class CodaEnv(gym.Env):
         self._stop_app()
         if not self.desktop.alive():
             self.desktop.start()
+        elif hasattr(self.desktop, "reset"):  # a VM reverts to its ready snapshot instead of rebooting
+            self.desktop.reset()
         timings["desktop"] = time.monotonic() - t0
         t1 = time.monotonic()
         self._profile = tempfile.mkdtemp(prefix=f"coda-{self.app_name}-")

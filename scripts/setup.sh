@@ -3,7 +3,8 @@
 # Idempotent: packages already installed and an up-to-date venv are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra libgl1-mesa-dri)
+# libvirt-dev + pkg-config build libvirt-python (the [vm] extra); qemu-utils gives qemu-img for VM images.
+APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra libgl1-mesa-dri libvirt-dev pkg-config qemu-utils)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,7 +20,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.coda-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+# The stamp covers this script too: a change of the extras below reinstalls.
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # torch first, pinned to the CPU build on this disk (CODA_TORCH=... for another build, e.g. a CUDA one):
   # an unpinned `torch` from another package would pull a multi-GB CUDA wheel. Never torchvision here: the
@@ -30,7 +32,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/pip install -q --disable-pip-version-check "${CODA_TORCH:-torch==2.13.0}"
   fi
   echo "setup: installing the coda package into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,agent]"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,agent,vm]"
   .venv/bin/pip uninstall -q -y torchvision 2>/dev/null || true
   echo "$want" > "$stamp"
 fi

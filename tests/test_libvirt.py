@@ -1,0 +1,633 @@
+"""The libvirt backend against libvirt's built-in test driver (no daemon, no VM), plus a `vm` suite.
+
+The test driver keeps real domain, storage and snapshot state in this process and answers screenshots
+and sendKey; it has no QEMU monitor and no guest agent, so pointer events and guest commands are tested
+as the exact event lists they translate to, and as the clear errors the driver's refusals become.
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+libvirt = pytest.importorskip("libvirt", reason="libvirt-python is not installed (pip install 'coda[vm]')")
+
+from coda_env.actions import KEY_NAMES, Action, parse_action
+from coda_env.backends import libvirt as lvb
+from coda_env.backends.base import Desktop, DesktopError
+
+TEST_URI = "test:///default"
+POOL = "default-pool"  # the test driver's built-in dir pool
+SIZE = (1280, 800)
+
+
+def wait_until(cond, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (v := cond()):
+        if time.monotonic() > deadline:
+            return v
+        time.sleep(0.02)
+    return v
+
+
+@pytest.fixture(scope="module")
+def conn():
+    c = libvirt.open(TEST_URI)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def base(conn) -> str:
+    """A base volume in the test driver's pool (10 GiB, qcow2)."""
+    pool = conn.storagePoolLookupByName(POOL)
+    name = f"base-{uuid.uuid4().hex[:8]}.qcow2"
+    vol = pool.createXML(f"<volume><name>{name}</name><capacity unit='G'>10</capacity>"
+                         f"<target><format type='qcow2'/></target></volume>", 0)
+    yield vol.path()
+    vol.delete(0)
+
+
+def config(base: str, **kw) -> lvb.LibvirtConfig:
+    opts = dict(uri=TEST_URI, base_image=base, pool=POOL, wait_for_agent=False)
+    opts.update(kw)
+    return lvb.LibvirtConfig(**opts)
+
+
+@pytest.fixture
+def desktop(base):
+    d = lvb.LibvirtDesktop(config(base))
+    d.start()
+    yield d
+    d.stop()
+
+
+def coda_domains(conn) -> list[str]:
+    return sorted(d.name() for d in conn.listAllDomains() if d.name().startswith("coda-"))
+
+
+def coda_volumes(conn) -> list[str]:
+    return sorted(v for v in conn.storagePoolLookupByName(POOL).listVolumes() if v.startswith("coda-"))
+
+
+# ------------------------------------------------------------------------------------ lifecycle
+
+
+def test_protocol_and_make_desktop(base):
+    from coda_env.env import make_desktop
+    d = make_desktop("libvirt", 1024, 768, uri=TEST_URI, base_image=base, pool=POOL, wait_for_agent=False)
+    assert isinstance(d, lvb.LibvirtDesktop) and isinstance(d, Desktop)
+    assert (d.width, d.height, d.config.width, d.config.height) == (1024, 768, 1024, 768)
+    assert not d.alive()
+    with pytest.raises(TypeError):
+        make_desktop("libvirt", 1024, 768, no_such_option=1)
+    with pytest.raises(ValueError, match="'libvirt'"):
+        make_desktop("nope", 1024, 768)
+
+
+def test_start_defines_domain_on_overlay_and_stop_removes_everything(conn, base):
+    before_doms, before_vols = coda_domains(conn), coda_volumes(conn)
+    d = lvb.LibvirtDesktop(config(base, memory_mib=1536, vcpus=1))
+    d.start()
+    try:
+        assert d.alive()
+        dom = conn.lookupByName(d.name)
+        assert dom.isActive() and dom.isPersistent()
+        xml = dom.XMLDesc()
+        assert "<domain type='qemu'" in xml  # software emulation by default
+        assert "<input type='tablet' bus='usb'/>" in xml
+        assert "org.qemu.guest_agent.0" in xml
+        assert "<memory unit='KiB'>1572864</memory>" in xml
+        assert "<resolution x='1280' y='800'/>" in xml
+        vol = conn.storagePoolLookupByName(POOL).storageVolLookupByName(d.volume)
+        assert f"<source file='{vol.path()}'/>" in xml
+        vxml = vol.XMLDesc()
+        assert f"<backingStore>\n    <path>{base}</path>" in vxml and "<format type='qcow2'/>" in vxml
+        assert d._watchdog is not None and d._watchdog.poll() is None
+        watchdog = d._watchdog
+    finally:
+        d.stop()
+    assert not d.alive()
+    assert coda_domains(conn) == before_doms and coda_volumes(conn) == before_vols
+    assert watchdog.wait(timeout=5) is not None
+    d.stop()  # idempotent
+
+
+def test_several_desktops_from_one_base(conn, base):
+    base_vol = conn.storageVolLookupByPath(base)
+    size = base_vol.info()[1]
+    a, b = lvb.LibvirtDesktop(config(base)), lvb.LibvirtDesktop(config(base))
+    a.start()
+    b.start()
+    try:
+        assert a.name != b.name and a.volume != b.volume
+        assert a.alive() and b.alive()
+        for d in (a, b):
+            assert base in conn.storagePoolLookupByName(POOL).storageVolLookupByName(d.volume).XMLDesc()
+        a.stop()
+        assert not a.alive() and b.alive()
+        with pytest.raises(libvirt.libvirtError):
+            conn.lookupByName(a.name)
+        assert conn.lookupByName(b.name).isActive()
+    finally:
+        a.stop()
+        b.stop()
+    assert conn.storageVolLookupByPath(base).info()[1] == size  # the base is still there, unchanged
+
+
+def test_ready_snapshot_saved_once_with_memory_and_reset_reverts(conn, desktop):
+    dom = conn.lookupByName(desktop.name)
+    assert dom.snapshotListNames(0) == ["coda-ready"]
+    snap_xml = dom.snapshotLookupByName("coda-ready", 0).getXMLDesc(0)
+    assert "<state>running</state>" in snap_xml and "<memory snapshot='internal'/>" in snap_xml
+    desktop.input(Action("type", text="x"))  # state changes after the snapshot ...
+    dom.suspend()
+    assert dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED
+    desktop._pointer = (500, 400)
+    desktop.reset()  # ... and a revert brings back the running ready state, pointer included
+    assert dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING
+    assert desktop._pointer == (0, 0)
+    desktop.reset()
+    assert dom.snapshotNum(0) == 1  # saved once, reverted many times
+    assert desktop.alive()
+
+
+def test_reset_before_start_boots(base, conn):
+    d = lvb.LibvirtDesktop(config(base))
+    try:
+        d.reset()
+        assert d.alive() and conn.lookupByName(d.name).snapshotNum(0) == 1
+    finally:
+        d.stop()
+
+
+def test_gc_and_atexit_finalizer_remove_domain(conn, base):
+    d = lvb.LibvirtDesktop(config(base, watchdog=False))
+    d.start()
+    name = d.name
+    assert d._finalizer.atexit  # weakref.finalize also runs at interpreter exit
+    del d
+    import gc
+    gc.collect()
+    with pytest.raises(libvirt.libvirtError):
+        conn.lookupByName(name)
+
+
+# ------------------------------------------------------------------------------------ screenshots
+
+
+def test_screenshot_from_test_driver_is_rgb_of_configured_size(desktop):
+    frame = desktop.screenshot()
+    assert frame.shape == (800, 1280, 3) and frame.dtype == np.uint8
+    assert frame.std() > 0  # the driver's picture, not a blank
+    assert np.array_equal(frame[..., 0], frame[..., 1])  # the driver's PNG is grayscale, expanded to RGB
+
+
+def test_screenshot_of_other_size_is_an_error_without_resize(base):
+    d = lvb.LibvirtDesktop(config(base, resize=False))
+    d.start()
+    try:
+        with pytest.raises(DesktopError, match=r"1120x832, not the configured 1280x800"):
+            d.screenshot()
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("fmt", ["PPM", "PNG"])
+def test_decode_screenshot_exact_pixels(fmt):
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (60, 80, 3), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, fmt)
+    out = lvb.decode_screenshot(buf.getvalue(), (80, 60))
+    assert out.shape == (60, 80, 3) and np.array_equal(out, pixels)
+    assert out.flags.writeable
+    with pytest.raises(DesktopError, match="cannot decode"):
+        lvb.decode_screenshot(b"not an image", (80, 60))
+
+
+def test_screenshot_after_stop_is_desktop_error(base):
+    d = lvb.LibvirtDesktop(config(base))
+    d.start()
+    d.stop()
+    with pytest.raises(DesktopError, match="not running"):
+        d.screenshot()
+
+
+# ------------------------------------------------------------------------------------ keys
+
+
+def _linux_keycodes() -> dict[str, int]:
+    header = Path("/usr/include/linux/input-event-codes.h")
+    if not header.exists():
+        pytest.skip("linux-libc-dev's input-event-codes.h is not installed")
+    return {m[1]: int(m[2], 0) for m in re.finditer(r"#define (KEY_\w+)\s+(0x[0-9a-fA-F]+|\d+)", header.read_text())}
+
+
+# An independent spelling of the US layout in the kernel's names: the backend's table must agree.
+KERNEL_NAMES = {
+    "enter": "KEY_ENTER", "esc": "KEY_ESC", "tab": "KEY_TAB", "backspace": "KEY_BACKSPACE", "space": "KEY_SPACE",
+    "delete": "KEY_DELETE", "insert": "KEY_INSERT", "home": "KEY_HOME", "end": "KEY_END",
+    "pageup": "KEY_PAGEUP", "pagedown": "KEY_PAGEDOWN", "up": "KEY_UP", "down": "KEY_DOWN", "left": "KEY_LEFT",
+    "right": "KEY_RIGHT", "ctrl": "KEY_LEFTCTRL", "ctrlright": "KEY_RIGHTCTRL", "shift": "KEY_LEFTSHIFT",
+    "shiftright": "KEY_RIGHTSHIFT", "alt": "KEY_LEFTALT", "altright": "KEY_RIGHTALT", "win": "KEY_LEFTMETA",
+    "winright": "KEY_RIGHTMETA", "capslock": "KEY_CAPSLOCK", "numlock": "KEY_NUMLOCK",
+    "scrolllock": "KEY_SCROLLLOCK", "printscreen": "KEY_SYSRQ", "pause": "KEY_PAUSE", "apps": "KEY_COMPOSE",
+    "-": "KEY_MINUS", "=": "KEY_EQUAL", "[": "KEY_LEFTBRACE", "]": "KEY_RIGHTBRACE", ";": "KEY_SEMICOLON",
+    "'": "KEY_APOSTROPHE", "`": "KEY_GRAVE", "\\": "KEY_BACKSLASH", ",": "KEY_COMMA", ".": "KEY_DOT",
+    "/": "KEY_SLASH", "add": "KEY_KPPLUS", "subtract": "KEY_KPMINUS", "multiply": "KEY_KPASTERISK",
+    "divide": "KEY_KPSLASH", "decimal": "KEY_KPDOT", "volumeup": "KEY_VOLUMEUP", "volumedown": "KEY_VOLUMEDOWN",
+    "volumemute": "KEY_MUTE", "playpause": "KEY_PLAYPAUSE", "nexttrack": "KEY_NEXTSONG",
+    "prevtrack": "KEY_PREVIOUSSONG", "browserback": "KEY_BACK", "browserforward": "KEY_FORWARD",
+    "browserrefresh": "KEY_REFRESH", "browserhome": "KEY_HOMEPAGE", "help": "KEY_HELP", "yen": "KEY_YEN",
+    **{c: f"KEY_{c.upper()}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"},
+    **{f"f{i}": f"KEY_F{i}" for i in range(1, 25)},
+    **{f"num{i}": f"KEY_KP{i}" for i in range(10)},
+}
+
+
+def test_keycodes_match_the_kernel_header():
+    codes = _linux_keycodes()
+    for key, kernel in KERNEL_NAMES.items():
+        assert lvb.key_chord([key]) == (codes[kernel],), key
+    assert lvb.SHIFT == codes["KEY_LEFTSHIFT"]
+
+
+def test_chords_for_characters_hotkeys_and_shift():
+    codes = _linux_keycodes()
+    k = lambda n: codes[f"KEY_{n}"]
+    assert lvb.key_chord(["a"]) == (k("A"),)
+    assert lvb.key_chord(["A"]) == (k("LEFTSHIFT"), k("A"))
+    assert lvb.key_chord([":"]) == (k("LEFTSHIFT"), k("SEMICOLON"))
+    assert lvb.key_chord(["\n"]) == (k("ENTER"),) and lvb.key_chord([" "]) == (k("SPACE"),)
+    assert lvb.key_chord(["ctrl", "shift", "s"]) == (k("LEFTCTRL"), k("LEFTSHIFT"), k("S"))
+    assert lvb.key_chord(["ctrl", "+"]) == (k("LEFTSHIFT"), k("LEFTCTRL"), k("EQUAL"))
+    with pytest.raises(ValueError, match="US keyboard"):
+        lvb.key_chord(["é"])
+
+
+def test_typing_plan_is_one_chord_per_character():
+    (a,) = parse_action("pyautogui.write('x:=2+3')")
+    steps, pointer = lvb.plan_input(a, (7, 9), SIZE)
+    codes = _linux_keycodes()
+    S = codes["KEY_LEFTSHIFT"]
+    assert steps == [("keys", (codes["KEY_X"],)), ("keys", (S, codes["KEY_SEMICOLON"])),
+                     ("keys", (codes["KEY_EQUAL"],)), ("keys", (codes["KEY_2"],)),
+                     ("keys", (S, codes["KEY_EQUAL"])), ("keys", (codes["KEY_3"],))]
+    assert pointer == (7, 9)
+
+
+def test_every_mapped_key_name_is_accepted_by_send_key(desktop):
+    """libvirt validates Linux keycodes against its own table: a wrong one is an error."""
+    mapped = [k for k in KEY_NAMES if k not in ("accept", "final", "junja", "modechange", "kanji", "clear",
+                                                "select", "execute", "separator", "browserstop",
+                                                "browsersearch")]
+    for key in mapped:
+        desktop.input(Action("press", keys=(key,)))
+    desktop.input(Action("hotkey", keys=("ctrl", "alt", "delete")))
+    desktop.input(Action("type", text="Hello, World! x:=2+3\n"))
+    with pytest.raises(ValueError, match="cannot type"):
+        desktop.input(Action("type", text="π"))
+
+
+def test_send_key_rejects_a_bad_keycode_in_test_driver(conn, desktop):
+    """Proves the test above can fail: the driver checks the codes it is sent."""
+    dom = conn.lookupByName(desktop.name)
+    with pytest.raises(libvirt.libvirtError, match="invalid keycode"):
+        dom.sendKey(libvirt.VIR_KEYCODE_SET_LINUX, 10, [9999], 1, 0)
+
+
+# ------------------------------------------------------------------------------------ pointer
+
+
+def _abs(x, y):
+    return ("qmp", [{"type": "abs", "data": {"axis": "x", "value": x}},
+                    {"type": "abs", "data": {"axis": "y", "value": y}}])
+
+
+def _btn(b, down):
+    return ("qmp", [{"type": "btn", "data": {"down": down, "button": b}}])
+
+
+def test_click_plan_moves_then_presses_and_releases_in_separate_syncs():
+    (a,) = parse_action("pyautogui.doubleClick(1279, 0, button='right')")
+    steps, pointer = lvb.plan_input(a, (0, 0), SIZE)
+    assert steps == [_abs(0x7FFF, 0), _btn("right", True), _btn("right", False),
+                     _btn("right", True), _btn("right", False)]
+    assert pointer == (1279, 0)
+    (a,) = parse_action("pyautogui.click(640, 400)")
+    steps, _ = lvb.plan_input(a, (0, 0), SIZE)
+    assert steps[0] == _abs(round(640 * 0x7FFF / 1279), round(400 * 0x7FFF / 799))
+
+
+def test_move_keeps_the_missing_coordinate_and_mouse_down_up():
+    steps, pointer = lvb.plan_input(Action("move", x=None, y=799), (100, 5), SIZE)
+    assert steps == [_abs(round(100 * 0x7FFF / 1279), 0x7FFF)] and pointer == (100, 799)
+    steps, pointer = lvb.plan_input(Action("mouse_down", button="middle"), (3, 4), SIZE)
+    assert steps == [_btn("middle", True)] and pointer == (3, 4)
+    steps, _ = lvb.plan_input(Action("mouse_up"), (3, 4), SIZE)
+    assert steps == [_btn("left", False)]
+
+
+def test_drag_plan_interpolates_between_press_and_release():
+    steps, pointer = lvb.plan_input(Action("drag", x=120, y=0, seconds=1.2), (0, 0), SIZE)
+    assert steps[0] == _btn("left", True) and steps[-1] == _btn("left", False)
+    moves = [s for s in steps if s[0] == "qmp" and s[1][0]["type"] == "abs"]
+    sleeps = [s[1] for s in steps if s[0] == "sleep"]
+    assert len(moves) == 12 and moves[-1] == _abs(round(120 * 0x7FFF / 1279), 0)
+    xs = [m[1][0]["data"]["value"] for m in moves]
+    assert xs == sorted(xs) and len(set(xs)) == 12
+    assert sum(sleeps) == pytest.approx(1.2)
+    assert pointer == (120, 0)
+
+
+def test_scroll_plans():
+    steps, _ = lvb.plan_input(Action("scroll", amount=2), (0, 0), SIZE)
+    assert steps == [_btn("wheel-up", True), _btn("wheel-up", False)] * 2
+    steps, _ = lvb.plan_input(Action("scroll", amount=-1, x=10, y=10), (0, 0), SIZE)
+    assert steps[1:] == [_btn("wheel-down", True), _btn("wheel-down", False)]
+    shift = lambda down: ("qmp", [{"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": "shift"}}}])
+    steps, _ = lvb.plan_input(Action("hscroll", amount=1), (0, 0), SIZE)
+    assert steps == [shift(True), _btn("wheel-down", True), _btn("wheel-down", False), shift(False)]
+    steps, _ = lvb.plan_input(Action("hscroll", amount=-1), (0, 0), SIZE, native_hscroll=True)
+    assert steps == [_btn("wheel-left", True), _btn("wheel-left", False)]
+
+
+def test_held_keys_use_qcodes_with_shift_for_shifted_characters():
+    steps, _ = lvb.plan_input(Action("key_down", keys=("ctrl",)), (0, 0), SIZE)
+    assert steps == [("qmp", [{"type": "key", "data": {"down": True, "key": {"type": "qcode", "data": "ctrl"}}}])]
+    steps, _ = lvb.plan_input(Action("key_up", keys=("!",)), (0, 0), SIZE)
+    assert [e["data"]["key"]["data"] for e in steps[0][1]] == ["1", "shift"]
+    assert [e["data"]["down"] for e in steps[0][1]] == [False, False]
+
+
+def test_plan_covers_every_non_terminal_action_kind():
+    from coda_env.actions import KINDS, TERMINAL_KINDS
+    samples = {"move": Action("move", x=1, y=1), "click": Action("click"), "mouse_down": Action("mouse_down"),
+               "mouse_up": Action("mouse_up"), "drag": Action("drag", x=5, y=5), "scroll": Action("scroll", amount=1),
+               "hscroll": Action("hscroll", amount=1), "type": Action("type", text="a"),
+               "press": Action("press", keys=("enter",), presses=3), "hotkey": Action("hotkey", keys=("ctrl", "c")),
+               "key_down": Action("key_down", keys=("shift",)), "key_up": Action("key_up", keys=("shift",)),
+               "sleep": Action("sleep", seconds=0.5), "wait": Action("wait")}
+    assert set(samples) | TERMINAL_KINDS == set(KINDS)
+    for kind, a in samples.items():
+        steps, _ = lvb.plan_input(a, (0, 0), SIZE)
+        assert kind == "wait" or steps, kind
+    assert lvb.plan_input(samples["press"], (0, 0), SIZE)[0] == [("keys", (28,))] * 3
+    assert lvb.plan_input(samples["sleep"], (0, 0), SIZE)[0] == [("sleep", 0.5)]
+
+
+def test_pointer_input_needs_the_qemu_monitor(desktop):
+    """The test driver has no QEMU monitor: the refusal is a DesktopError naming the call."""
+    with pytest.raises(DesktopError, match="QemuMonitorCommand"):
+        desktop.input(Action("click", x=10, y=10))
+    assert desktop._pointer == (0, 0)  # a failed action does not move the tracked pointer
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+def test_cannot_connect_says_how_to_start_libvirtd():
+    d = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu:///system", base_image="/x.qcow2"))
+    if os.path.exists("/var/run/libvirt/libvirt-sock"):
+        pytest.skip("a libvirt daemon runs here")
+    with pytest.raises(lvb.LibvirtConnectError, match=r"libvirtd -d.*uri"):
+        d.start()
+    assert not d.alive()
+    with pytest.raises(lvb.LibvirtConnectError, match="qemu\\+ssh://nohost.invalid/system"):
+        lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu+ssh://nohost.invalid/system?no_tty=1",
+                                             base_image="/x")).start()
+
+
+def test_bad_uri():
+    with pytest.raises(lvb.LibvirtConnectError, match="cannot connect to libvirt at 'bogus-driver:///x'"):
+        lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="bogus-driver:///x", base_image="/x")).start()
+
+
+def test_missing_base_image(conn):
+    with pytest.raises(lvb.BaseImageError, match="/nowhere/base.qcow2 is in no storage pool"):
+        lvb.LibvirtDesktop(config("/nowhere/base.qcow2")).start()
+    with pytest.raises(lvb.BaseImageError, match="no base image configured.*make vm-image"):
+        lvb.LibvirtDesktop(config("")).start()
+    assert coda_domains(conn) == [] and coda_volumes(conn) == []
+
+
+def test_guest_agent_silent_fails_start_with_clear_message(conn, base):
+    d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, boot_timeout=5))
+    t0 = time.monotonic()
+    with pytest.raises(lvb.GuestAgentError, match="guest agent command guest-ping.*no QEMU guest agent"):
+        d.start()
+    assert time.monotonic() - t0 < 5  # "not supported" is final: no waiting for a timeout
+    assert not d.alive() and coda_domains(conn) == [] and coda_volumes(conn) == []
+
+
+def test_guest_commands_without_agent_are_clear_errors(desktop):
+    with pytest.raises(lvb.GuestAgentError, match="guest-exec"):
+        desktop.run(["true"])
+    with pytest.raises(lvb.GuestAgentError, match="guest-file-open"):
+        desktop.read_file("/etc/hostname")
+    with pytest.raises(lvb.GuestAgentError, match="guest-exec"):
+        desktop.write_file("/tmp/x/y", b"data")
+    with pytest.raises(lvb.GuestAgentError, match="guest-exec"):
+        desktop.spawn(["kalgebra"])
+
+
+def test_domain_rejected_or_template_broken_is_boot_error(conn, base):
+    with pytest.raises(lvb.DomainBootError, match="unknown or malformed placeholder.*nosuch"):
+        lvb.LibvirtDesktop(config(base, domain_xml="<domain type='$domain_type'><name>$nosuch</name></domain>")).start()
+    with pytest.raises(lvb.DomainBootError, match="libvirt rejected the domain XML"):
+        lvb.LibvirtDesktop(config(base, domain_xml="<domain type='$domain_type'><name>$name</name>"
+                                                   "<memory>lots</memory></domain>")).start()
+    assert coda_domains(conn) == [] and coda_volumes(conn) == []
+
+
+def test_template_from_file(tmp_path, base, conn):
+    t = tmp_path / "domain.xml"
+    t.write_text(lvb.DEFAULT_DOMAIN_XML.replace("<vcpu>$vcpus</vcpu>", "<vcpu>3</vcpu>"))
+    d = lvb.LibvirtDesktop(config(base, domain_xml=str(t), domain_type="kvm"))
+    d.start()
+    try:
+        xml = conn.lookupByName(d.name).XMLDesc()
+        assert "<vcpu placement='static'>3</vcpu>" in xml and "<domain type='kvm'" in xml
+        assert "host-passthrough" in xml
+    finally:
+        d.stop()
+
+
+def test_missing_libvirt_python_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "libvirt", None)  # what `import libvirt` sees when it is not installed
+    with pytest.raises(lvb.LibvirtMissingError, match=r"pip install 'coda\[vm\]'.*libvirt-dev"):
+        lvb.LibvirtDesktop(lvb.LibvirtConfig())
+
+
+def test_accessibility_bus_lookup_names_what_is_missing(desktop):
+    assert desktop.env["DISPLAY"] == ":0"
+    with pytest.raises(NotImplementedError, match="D-Bus session \\(AT-SPI\\) is not forwarded"):
+        desktop.env.get("DBUS_SESSION_BUS_ADDRESS")
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def test_is_local_uri():
+    assert lvb.is_local_uri("qemu:///system") and lvb.is_local_uri("qemu:///session")
+    assert lvb.is_local_uri("test:///default")
+    assert not lvb.is_local_uri("qemu+ssh://host/system")
+    assert not lvb.is_local_uri("qemu://host/system")
+    assert not lvb.is_local_uri("qemu+tcp://10.0.0.1/system")
+
+
+def test_parse_wmctrl():
+    text = ("0x00c00003  0 0    0    1280 800  kalgebra.kalgebra  vm KAlgebra — Calculator\n"
+            "0x00e00001 -1 0    770  1280 30   panel.Panel vm \n"
+            "garbage line\n")
+    wins = lvb.parse_wmctrl(text)
+    assert wins[0] == lvb.Window(0xC00003, "kalgebra", "KAlgebra — Calculator", 0, 0, 1280, 800)
+    assert wins[1].wm_class == "Panel" and wins[1].title == "" and wins[1].y == 770
+    assert len(wins) == 2
+
+
+def test_image_size_reads_qcow2_header(tmp_path):
+    p = tmp_path / "x.qcow2"
+    p.write_bytes(b"QFI\xfb" + b"\0" * 20 + (5 << 30).to_bytes(8, "big") + b"\0" * 64)
+    assert lvb._image_size(str(p), "qcow2") == 5 << 30
+    raw = tmp_path / "x.raw"
+    raw.write_bytes(b"\0" * 4096)
+    assert lvb._image_size(str(raw), "raw") == 4096
+
+
+# ------------------------------------------------------------------------------------ no orphans
+
+
+def test_destroy_domain_removes_running_domain_and_overlay(conn, base):
+    name = f"coda-t-{uuid.uuid4().hex[:8]}"
+    pool = conn.storagePoolLookupByName(POOL)
+    pool.createXML(f"<volume><name>{name}.qcow2</name><capacity unit='G'>1</capacity></volume>", 0)
+    dom = conn.defineXML(f"<domain type='qemu'><name>{name}</name><memory>65536</memory>"
+                         f"<os><type>hvm</type></os></domain>")
+    dom.create()
+    assert lvb.destroy_domain(conn, name, POOL, f"{name}.qcow2") == ["destroyed", "undefined", "deleted overlay"]
+    with pytest.raises(libvirt.libvirtError):
+        conn.lookupByName(name)
+    assert f"{name}.qcow2" not in pool.listVolumes()
+    assert lvb.destroy_domain(conn, name, POOL, f"{name}.qcow2") == []
+
+
+def test_watchdog_acts_when_its_stdin_closes():
+    name = f"coda-w-{uuid.uuid4().hex[:8]}"
+    w = lvb._start_watchdog(TEST_URI, name, POOL, f"{name}.qcow2", stdout=subprocess.PIPE)
+    assert w.poll() is None  # it waits while its parent lives
+    w.stdin.close()
+    out = w.stdout.read()
+    assert w.wait(timeout=20) == 0
+    # Its own connection to the test driver sees a fresh state: nothing to remove, but it ran the cleanup.
+    assert out.decode().strip() == f"watchdog {name}: nothing to remove"
+
+
+CHILD = """
+import sys
+from coda_env.backends import libvirt as lvb
+d = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri='test:///default', base_image=sys.argv[1], pool='default-pool',
+                                         wait_for_agent=False))
+d.start()
+print(d._watchdog.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_watchdog_outlives_a_killed_parent_only_to_clean_up(tmp_path):
+    # A base that this child's own test-driver state has: its pool starts empty, so create it in the child.
+    script = tmp_path / "child.py"
+    script.write_text("import libvirt\nc = libvirt.open('test:///default')\n"
+                      "c.storagePoolLookupByName('default-pool').createXML(\"<volume><name>b.qcow2</name>"
+                      "<capacity unit='G'>1</capacity></volume>\", 0)\n" + CHILD)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    child = subprocess.Popen([sys.executable, str(script), "/default-pool/b.qcow2"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env=env)
+    try:
+        line = child.stdout.readline().decode().strip()
+        assert line.isdigit(), line
+        wpid = int(line)
+        assert Path(f"/proc/{wpid}").exists()
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=5)
+        gone = wait_until(lambda: not Path(f"/proc/{wpid}").exists() or
+                          Path(f"/proc/{wpid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 20)
+        assert gone, "the watchdog did not notice its parent's death"
+    finally:
+        child.kill()
+        child.wait()
+
+
+# ------------------------------------------------------------------------------------ a real VM
+
+
+@pytest.mark.vm
+def test_real_vm_round_trip():
+    """Boot the image from `make vm-image` (CODA_VM_IMAGE) under qemu:///system and use every part."""
+    image = os.environ.get("CODA_VM_IMAGE", "vm_images/build/coda-debian12.qcow2")
+    if not os.path.exists(image):
+        pytest.skip(f"no VM image at {image} (build it with `make vm-image`)")
+    d = lvb.LibvirtDesktop(lvb.LibvirtConfig(base_image=os.path.abspath(image), pool="coda-test",
+                                             overlay_dir="/var/lib/libvirt/images/coda-test"))
+    d.start()
+    try:
+        assert d.screenshot().shape == (800, 1280, 3)
+        assert d.run(["echo", "hi"]).stdout == b"hi\n"
+        d.write_file("/tmp/coda/x.txt", b"\x00\x01data")
+        assert d.read_file("/tmp/coda/x.txt") == b"\x00\x01data"
+        p = d.spawn(["sleep", "600"])
+        assert p.poll() is None
+        d.kill_group(p)
+        assert p.poll() is not None
+        d.input(Action("click", x=640, y=400))
+        d.input(Action("type", text="x:=2+3\n"))
+        d.write_file("/tmp/coda/marker", b"1")
+        d.reset()
+        with pytest.raises(FileNotFoundError):
+            d.read_file("/tmp/coda/marker")  # the revert took the disk back too
+    finally:
+        d.stop()
+
+
+def test_vm_images_domain_template_is_accepted(tmp_path, base, conn):
+    """vm_images/domain.xml.in, filled in as build.sh does, defines and starts a domain."""
+    text = (Path(__file__).resolve().parents[1] / "vm_images" / "domain.xml.in").read_text()
+    t = tmp_path / "domain.xml"
+    t.write_text(text.replace("@KERNEL@", "/b/vmlinuz").replace("@INITRD@", "/b/initrd.img"))
+    d = lvb.LibvirtDesktop(config(base, domain_xml=str(t)))
+    d.start()
+    try:
+        xml = conn.lookupByName(d.name).XMLDesc()
+        assert "<kernel>/b/vmlinuz</kernel>" in xml and "root=/dev/vda" in xml
+        assert "<input type='tablet' bus='usb'/>" in xml and "org.qemu.guest_agent.0" in xml
+    finally:
+        d.stop()
+
+
+def test_env_on_libvirt_backend_reaches_the_guest(base, conn):
+    """gym env -> make_desktop('libvirt', backend_options) -> a domain; launching the app needs the guest
+    agent, which the test driver lacks: reset says so instead of hanging."""
+    from coda_env.env import CodaEnv
+    env = CodaEnv(app="kalgebra", backend="libvirt", screen=(1024, 768),
+                  backend_options=dict(uri=TEST_URI, base_image=base, pool=POOL, wait_for_agent=False))
+    try:
+        assert isinstance(env.desktop, lvb.LibvirtDesktop) and env.desktop.width == 1024
+        if __import__("shutil").which("kalgebra") is None:
+            pytest.skip("the kalgebra adapter checks for kalgebra on this machine first")
+        with pytest.raises(lvb.GuestAgentError, match="guest-exec"):
+            env.reset(options={"task": next(iter(env.tasks))})
+        assert env.desktop.alive() and conn.lookupByName(env.desktop.name).isActive()
+    finally:
+        env.close()
+    assert coda_domains(conn) == [] and coda_volumes(conn) == []

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Build the libvirt backend's Debian 12 image: build/coda-debian12.qcow2 plus build/vmlinuz, build/initrd.img
+# and build/domain.xml (a LibvirtConfig.domain_xml template that boots that kernel).
+#
+# The guest: an auto-login X session as root on :0 (Xorg on the virtio GPU, the domain XML's 1280x800
+# <resolution> as its preferred mode), openbox, wmctrl (LibvirtDesktop.windows), qemu-guest-agent (started by
+# udev when its virtio port appears), kalgebra and the AT-SPI packages. No network, no password login.
+#
+# Needs no loop device: debootstrap and apt install into a folder (with /proc and /sys mounted in it),
+# `mkfs.ext4 -d` turns the folder into a partitionless filesystem, and the domain boots the
+# kernel directly (root=/dev/vda), so no bootloader is installed. Run as root; heavy: run it with `nice`.
+set -euo pipefail
+cd "$(dirname "$0")"
+OUT=${OUT:-build}
+SIZE=${SIZE:-8G}
+SUITE=bookworm
+IMAGE="$OUT/coda-debian12.qcow2"
+PACKAGES=(linux-image-amd64 initramfs-tools systemd-sysv udev dbus dbus-x11 qemu-guest-agent
+          xserver-xorg-core xserver-xorg-input-libinput xinit x11-xserver-utils openbox wmctrl
+          at-spi2-core kalgebra fonts-dejavu-core procps psmisc coreutils)
+
+[ "$(id -u)" -eq 0 ] || { echo "vm-image: run as root (debootstrap needs it)" >&2; exit 1; }
+for tool in debootstrap mkfs.ext4 qemu-img; do
+  command -v "$tool" >/dev/null || missing_tools=1
+done
+if [ -n "${missing_tools:-}" ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap e2fsprogs qemu-utils >/dev/null
+fi
+
+mkdir -p "$OUT"
+ROOT=$(mktemp -d "$OUT/rootfs.XXXXXX")
+cleanup() {
+  umount "$ROOT/proc" "$ROOT/sys" 2>/dev/null || true
+  rm -rf --one-file-system "$ROOT" "$OUT/root.img"  # never crosses into a mount left behind
+}
+trap cleanup EXIT
+
+# debootstrap resolves --include shallowly (it fails on KDE's dependency tree), so it makes only the base
+# system; apt in the chroot installs the rest.
+echo "vm-image: debootstrap $SUITE (minbase) into $ROOT"
+debootstrap --variant=minbase "$SUITE" "$ROOT" ${MIRROR:+"$MIRROR"}
+echo "vm-image: installing ${#PACKAGES[@]} packages and their dependencies"
+mount -t proc proc "$ROOT/proc"
+mount -t sysfs sysfs "$ROOT/sys"
+printf '#!/bin/sh\nexit 101\n' > "$ROOT/usr/sbin/policy-rc.d"  # no services start in the chroot
+chmod +x "$ROOT/usr/sbin/policy-rc.d"
+chroot "$ROOT" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive chroot "$ROOT" apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"
+chroot "$ROOT" apt-get clean
+rm -f "$ROOT/usr/sbin/policy-rc.d"
+umount "$ROOT/proc" "$ROOT/sys"
+
+echo "vm-image: configuring the guest"
+echo coda-vm > "$ROOT/etc/hostname"
+printf '/dev/vda / ext4 defaults,discard 0 1\n' > "$ROOT/etc/fstab"
+install -m 0644 guest/coda-x.service "$ROOT/etc/systemd/system/coda-x.service"
+install -D -m 0755 guest/xinitrc "$ROOT/etc/coda/xinitrc"
+install -D -m 0644 guest/openbox-rc.xml "$ROOT/etc/coda/openbox-rc.xml"
+mkdir -p "$ROOT/etc/systemd/system/multi-user.target.wants"
+ln -sf /etc/systemd/system/coda-x.service "$ROOT/etc/systemd/system/multi-user.target.wants/coda-x.service"
+ln -sf /lib/systemd/system/multi-user.target "$ROOT/etc/systemd/system/default.target"
+# The snapshot reverts clocks and memory anyway; nothing to gain from these at boot.
+for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer; do
+  ln -sf /dev/null "$ROOT/etc/systemd/system/$unit"
+done
+rm -rf "$ROOT/var/cache/apt/archives/"*.deb "$ROOT/var/lib/apt/lists/"*
+
+cp "$(readlink -f "$ROOT/vmlinuz")" "$OUT/vmlinuz"
+cp "$(readlink -f "$ROOT/initrd.img")" "$OUT/initrd.img"
+
+echo "vm-image: making the filesystem ($SIZE) and $IMAGE"
+mkfs.ext4 -q -F -L coda-root -d "$ROOT" "$OUT/root.img" "$SIZE"
+qemu-img convert -f raw -O qcow2 "$OUT/root.img" "$IMAGE.tmp"
+mv "$IMAGE.tmp" "$IMAGE"
+
+OUT_ABS=$(cd "$OUT" && pwd)
+sed -e "s|@KERNEL@|$OUT_ABS/vmlinuz|" -e "s|@INITRD@|$OUT_ABS/initrd.img|" domain.xml.in > "$OUT/domain.xml"
+echo "vm-image: done: $IMAGE (use backend_options={'base_image': '$OUT_ABS/coda-debian12.qcow2', 'domain_xml': '$OUT_ABS/domain.xml'})"
