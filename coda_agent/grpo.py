@@ -15,9 +15,11 @@ Only the planner learns; the executor (UI-TARS) is a separate, frozen model. Eac
      Dividing by the whole batch's N (not each micro-batch's) makes accumulated micro-batches give exactly
      the full batch's gradient. With LoRA the reference is the same model with its adapter switched off.
   4. `epochs` optimizer steps over the batch (PPO-style reuse; the ratio is 1 on the first), grad clipping.
-TRL's GRPOTrainer and verl were considered: TRL's trainer is built around single-turn prompt -> completion
-with reward functions (its multi-turn hooks need vLLM), and verl's agent loop needs Ray and vLLM/SGLang on
-GPUs; neither drives an external executor inside a desktop env on CPU. The loop is small enough to own here.
+TRL's GRPOTrainer and verl were considered. TRL's environment integrations (OpenEnv, Harbor) treat an env as
+tools the trained model calls in text turns; verl's multi-turn agent loop runs on Ray with vLLM/SGLang
+workers on GPUs. Here every planner turn goes through a second, frozen model (the executor) and a desktop
+that returns a screenshot, and the whole loop must also run (and be tested) on CPU. The loop is small enough
+to own, so the maths stays in this one file.
 """
 from __future__ import annotations
 

@@ -107,7 +107,6 @@ def tokenize(vlm, examples: Sequence[Example]) -> None:
 
 def planner_loss(vlm, examples: Sequence[Example], n_tokens: int | None = None):
     """Summed cross-entropy of the examples' target tokens / n_tokens (default: their own token count)."""
-    import torch
     from .grpo import token_logprobs
     lp, mask = token_logprobs(vlm, [e.sample for e in examples], temperature=1.0)
     n = n_tokens or int(mask.sum())

@@ -14,12 +14,10 @@ at most `settle_timeout`), instead of sleeping a fixed time.
 """
 from __future__ import annotations
 
-import random
 import shutil
 import string
 import tempfile
 import time
-from dataclasses import asdict
 from typing import Any
 
 import gymnasium as gym
