@@ -113,9 +113,14 @@ def token_logprobs(vlm: TransformersVLM, samples: Sequence[PlannerSample], tempe
     comp_mask = inputs.pop("completion_mask")
     t = max(len(s.token_ids) for s in samples)
     logits = model(**inputs, logits_to_keep=t + 1).logits[:, :-1].float() / temperature   # predicts the last t
+    if vlm.banned_token_ids:                      # the policy never writes vision placeholders (as in generate)
+        logits[..., vlm.banned_token_ids] = float("-inf")
     targets = inputs["input_ids"][:, -t:]
     lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return lp, comp_mask[:, -t:]
+    mask = comp_mask[:, -t:]
+    # outside the completion (prompt tail, padding) a log-prob may be -inf (a vision placeholder of the prompt
+    # is banned as a *prediction*); zero it there so that ratios and KL stay finite where the mask drops them
+    return lp.masked_fill(~mask, 0.0), mask
 
 
 # ------------------------------------------------------------------------------------------ the loop
@@ -172,7 +177,7 @@ def train_batch(cfg: GRPOConfig, vlm: TransformersVLM, optimizer, rollouts: Sequ
             a = torch.tensor([x for _, x in ch], device=lp.device)
             loss, st = grpo_loss(lp, old[k], ref[k] if ref else None, a, m, cfg.clip_eps, cfg.kl_coef, n_tokens)
             loss.backward()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
             for key in totals:
                 totals[key] += st[key]
         gn = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)

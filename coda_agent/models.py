@@ -32,6 +32,7 @@ Conversation = list[dict[str, Any]]
 
 # Qwen2.5-VL's image processor defaults: 14-px patches merged 2x2, so sizes are multiples of 28.
 IMAGE_FACTOR = 28
+VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
 DEFAULT_MIN_PIXELS = 56 * 56
 DEFAULT_MAX_PIXELS = 16384 * 28 * 28
 
@@ -144,6 +145,10 @@ class TransformersVLM:
                 raise ModelError(f"{str(path)!r} has no chat template (tokenizer_config.json or chat_template.*)")
         ip = self.image_processor
         self.merge_size = getattr(ip, "merge_size", 2)
+        # vision placeholders are the processor's to place, never the model's to write: a sampled
+        # <|image_pad|> would break the image-token count when the answer is scored or shown again
+        vocab = self.tokenizer.get_vocab()
+        self.banned_token_ids = [vocab[t] for t in VISION_TOKENS if t in vocab]
         size = getattr(ip, "size", None) or {}
         self.min_pixels = min_pixels or size.get("shortest_edge") or getattr(ip, "min_pixels", DEFAULT_MIN_PIXELS)
         self.max_pixels = max_pixels or size.get("longest_edge") or getattr(ip, "max_pixels", DEFAULT_MAX_PIXELS)
@@ -158,8 +163,8 @@ class TransformersVLM:
                 if p["type"] == "image":
                     images.append(to_pil(p["image"]))
                     parts.append({"type": "image"})
-                else:
-                    parts.append({"type": "text", "text": p["text"]})
+                else:                       # text (task files, earlier answers) cannot smuggle in placeholders
+                    parts.append({"type": "text", "text": _strip_vision_tokens(p["text"])})
             msgs.append({"role": m["role"], "content": parts})
         prefill = conv[-1]["role"] == "assistant"
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not prefill,
@@ -232,6 +237,8 @@ class TransformersVLM:
         sample = params.temperature > 0
         gen_kw = dict(max_new_tokens=params.max_new_tokens, do_sample=sample, return_dict_in_generate=True,
                       output_scores=params.logprobs, pad_token_id=self.tokenizer.pad_token_id)
+        if self.banned_token_ids:
+            gen_kw["suppress_tokens"] = self.banned_token_ids
         if sample:
             gen_kw.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         else:
@@ -255,6 +262,12 @@ class TransformersVLM:
                                    logprobs=lp[i, :end].float().tolist() if lp is not None else None,
                                    prompt_tokens=int(inputs["attention_mask"][i].sum()), seconds=seconds))
         return gens
+
+
+def _strip_vision_tokens(text: str) -> str:
+    for t in VISION_TOKENS:
+        text = text.replace(t, "")
+    return text
 
 
 def _as_list(x) -> list:

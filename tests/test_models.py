@@ -49,6 +49,26 @@ def test_tiny_model_batched_generation_with_prefill_and_logprobs(tiny_vlm):
     assert a[0].token_ids == b[0].token_ids
 
 
+def test_the_model_never_writes_vision_placeholders(tiny_vlm):
+    """A sampled <|image_pad|> (or one typed into a task's text) would break the image-token count when the
+    answer is shown again in the next prompt or scored by the trainer: generation suppresses them and the
+    template strips them from text."""
+    conv = [{"role": "user", "content": [{"type": "image", "image": _screen(2)},
+                                         {"type": "text", "text": "say <|image_pad|><|vision_start|> now"}]}]
+    text, _ = tiny_vlm._template(conv)
+    assert text.count("<|image_pad|>") == 1 and text.count("<|vision_start|>") == 1    # only the real image's
+    banned = set(tiny_vlm.banned_token_ids)
+    assert len(banned) >= 4
+    gens = tiny_vlm.generate([conv] * 8, SamplingParams(max_new_tokens=48, temperature=1.0, seed=0, logprobs=True))
+    assert not banned & {t for g in gens for t in g.token_ids}
+    # each answer goes back into a conversation as history and still encodes and runs
+    conv2 = conv + [{"role": "assistant", "content": gens[0].text},
+                    {"role": "user", "content": [{"type": "image", "image": _screen(3)}]}]
+    enc = tiny_vlm.build_inputs([conv2], [gens[1].token_ids])
+    enc.pop("completion_mask")
+    assert tiny_vlm.model(**enc).logits.shape[1] == enc["input_ids"].shape[1]
+
+
 def test_image_tokens_match_smart_resize(tiny_vlm):
     """The processor's patch grid is the image size the executor maps UI-TARS coordinates from."""
     conv = [{"role": "user", "content": [{"type": "image", "image": _screen()}, {"type": "text", "text": "x"}]}]
