@@ -489,6 +489,10 @@ class LibvirtDesktop:
         self._snapshot_pointer = (0, 0)
         self._watchdog: subprocess.Popen | None = None
         self._finalizer = weakref.finalize(self, lambda: None)
+        self.timings: dict[str, float] = {}
+        """Seconds of the last start()/reset() phases: boot (define + create), agent (to the first
+        guest-ping) and desktop (to ready_command passing), both counted from the domain running; snapshot
+        (saving it), revert (reset's, through the agent answering again)."""
 
     # ------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -506,9 +510,13 @@ class LibvirtDesktop:
         try:
             base, capacity = self._find_base()
             overlay = self._create_overlay(base, capacity)
+            t0 = time.monotonic()
             self._dom = self._boot(self.domain_xml(overlay))
+            self.timings = {"boot": time.monotonic() - t0}
             self._wait_ready(time.monotonic() + self.config.boot_timeout)
+            t1 = time.monotonic()
             self._save_snapshot()
+            self.timings["snapshot"] = time.monotonic() - t1
         except BaseException:
             self.stop()
             raise
@@ -518,6 +526,7 @@ class LibvirtDesktop:
         if self._dom is None or self._snapshot is None:
             self.start()
             return
+        t0 = time.monotonic()
         try:
             self._dom.revertToSnapshot(self._snapshot, self._lv.VIR_DOMAIN_SNAPSHOT_REVERT_RUNNING)
         except self._lv.libvirtError as e:
@@ -525,6 +534,7 @@ class LibvirtDesktop:
         self._pointer = self._snapshot_pointer
         if self.config.wait_for_agent:  # the agent's channel reconnects after a revert
             self._wait_agent(time.monotonic() + self.config.revert_timeout)
+        self.timings["revert"] = time.monotonic() - t0
 
     def stop(self) -> None:
         """Destroy and undefine the domain, delete its overlay, and end the watchdog."""
@@ -660,7 +670,9 @@ class LibvirtDesktop:
         self._boot_failed()
         if not self.config.wait_for_agent:
             return
+        t0 = time.monotonic()
         self._wait_agent(deadline)
+        self.timings["agent"] = time.monotonic() - t0
         if self.config.ready_command:
             last = ""
             for pause in _backoff(0.2, 2.0):
@@ -669,6 +681,7 @@ class LibvirtDesktop:
                 try:
                     p = self.run(self.config.ready_command, timeout=max(1.0, min(30.0, left)))
                     if p.returncode == 0:
+                        self.timings["desktop"] = time.monotonic() - t0
                         return
                     last = (p.stderr or p.stdout).decode(errors="replace")[-300:]
                 except (subprocess.TimeoutExpired, FileNotFoundError) as e:
