@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coda_env.actions import Action  # noqa: E402
-from coda_env.backends.libvirt import LibvirtConfig, LibvirtDesktop  # noqa: E402
+from coda_env.actions import Action
+from coda_env.backends.libvirt import LibvirtConfig, LibvirtDesktop
 
 
 def p50(xs: list[float]) -> float:

@@ -7,6 +7,7 @@ as the exact event lists they translate to, and as the clear errors the driver's
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -159,6 +160,26 @@ def test_ready_snapshot_saved_once_with_memory_and_reset_reverts(conn, desktop):
     desktop.reset()
     assert dom.snapshotNum(0) == 1  # saved once, reverted many times
     assert desktop.alive()
+
+
+def test_reset_reverts_in_place_with_hmp_loadvm_and_falls_back_to_libvirt(desktop, monkeypatch):
+    """revert_mode='loadvm' asks the running QEMU to `loadvm` (no restart); an HMP error, or a driver with
+    no QEMU monitor (the test driver), reverts through libvirt instead."""
+    sent, reverted = [], []
+    real_revert = desktop._dom.revertToSnapshot
+    monkeypatch.setattr(desktop._dom, "revertToSnapshot", lambda *a: reverted.append(1) or real_revert(*a),
+                        raising=False)
+    def monitor(dom, cmd, flags):
+        sent.append(json.loads(cmd))
+        return json.dumps({"return": reply})
+    monkeypatch.setattr(desktop._lvq, "qemuMonitorCommand", monitor)
+    reply = ""
+    desktop.reset()
+    assert sent[-1] == {"execute": "human-monitor-command", "arguments": {"command-line": "loadvm coda-ready"}}
+    assert reverted == [] and "revert" in desktop.timings
+    reply = "Error: Snapshot 'coda-ready' does not exist\r\n"
+    desktop.reset()
+    assert reverted == [1] and desktop.alive()
 
 
 def test_reset_before_start_boots(base, conn):
