@@ -8,7 +8,7 @@ an app in the guest and saves a screenshot of it. Run it with `nice`; the domain
 
 Usage: python benchmarks/libvirt_latency.py --image vm_images/build/coda-debian12.qcow2
        [--domain-xml vm_images/build/domain.xml] [--resets 3] [--shots 20] [--steps 20]
-       [--app kalgebra --png /tmp/kalgebra-vm.png]
+       [--app kalgebra --type "x:=2+3\\n" --png /tmp/kalgebra-vm.png]
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--app", default=None, help="a program to start in the guest after the resets")
     ap.add_argument("--app-window", default=None, help="wmctrl class to wait for (default: --app)")
+    ap.add_argument("--type", default=None, help="text to type into the app once it painted (\\n: enter)")
     ap.add_argument("--png", default=None, help="save the last screenshot here")
     args = ap.parse_args()
 
@@ -109,6 +110,19 @@ def main() -> None:
                 else:
                     log = d.run(["tail", "-20", "/tmp/coda-app.log"]).stdout.decode(errors="replace")
                     print(f"{args.app}: its window stayed one flat colour for 120 s; its log:\n{log}")
+        if args.app and args.type:
+            text = args.type.replace("\\n", "\n")
+            s = time.monotonic()
+            d.input(Action("type", text=text))
+            typed = time.monotonic() - s
+            before, until = img, time.monotonic() + 60  # poll until the screen changed and then held still
+            while time.monotonic() < until:
+                time.sleep(0.3)
+                nxt = d.screenshot()
+                if (nxt != before).any() and (nxt == img).all():
+                    break
+                img = nxt
+            print(f"typed {len(text)} keys in {typed:.2f} s; screen settled {time.monotonic() - s:.1f} s after")
         if args.png:
             from PIL import Image
             Image.fromarray(img).save(args.png)

@@ -587,7 +587,8 @@ class LibvirtDesktop:
         try:
             return self._lv.open(uri)
         except self._lv.libvirtError as e:
-            hint = ("start the daemon with `/usr/sbin/libvirtd -d` (or `systemctl start libvirtd`)"
+            hint = ("start the daemon: `make vm-setup` (as root), `/usr/sbin/libvirtd -d` or "
+                    "`systemctl start libvirtd`"
                     if is_local_uri(uri) else "check that libvirtd runs on that host and that the URI and "
                                               "its transport (ssh keys, TLS) are right")
             raise LibvirtConnectError(f"cannot connect to libvirt at {uri!r}: {e}. Is libvirtd running? "
