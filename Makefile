@@ -1,5 +1,5 @@
 # The two commands of the quick start. Both install what is missing first (scripts/setup.sh).
-.PHONY: setup demo test test-all bench clean vm-image
+.PHONY: setup demo test test-all bench clean vm-image vm-setup vm-test vm-bench
 
 setup:
 	@bash scripts/setup.sh
@@ -21,6 +21,18 @@ bench: setup
 # The libvirt backend's base image (as root; minutes, mostly downloads): vm_images/README.md.
 vm-image:
 	nice -n 19 bash vm_images/build.sh
+
+# Real VMs (as root): scripts/vm-setup.sh installs libvirtd + QEMU and starts the daemons; the tests and the
+# benchmark boot VM_IMAGE (with the domain.xml beside it) under qemu:///system, software emulation.
+VM_IMAGE ?= vm_images/build/coda-debian12.qcow2
+vm-setup:
+	@bash scripts/vm-setup.sh
+
+vm-test: setup vm-setup
+	CODA_VM_IMAGE=$(VM_IMAGE) nice -n 10 .venv/bin/python -m pytest -q -m vm tests/test_libvirt.py
+
+vm-bench: setup vm-setup
+	nice -n 10 .venv/bin/python benchmarks/libvirt_latency.py --image $(VM_IMAGE) --app kalgebra
 
 clean:
 	rm -rf .venv runs

@@ -7,6 +7,7 @@ as the exact event lists they translate to, and as the clear errors the driver's
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -159,6 +160,26 @@ def test_ready_snapshot_saved_once_with_memory_and_reset_reverts(conn, desktop):
     desktop.reset()
     assert dom.snapshotNum(0) == 1  # saved once, reverted many times
     assert desktop.alive()
+
+
+def test_reset_reverts_in_place_with_hmp_loadvm_and_falls_back_to_libvirt(desktop, monkeypatch):
+    """revert_mode='loadvm' asks the running QEMU to `loadvm` (no restart); an HMP error, or a driver with
+    no QEMU monitor (the test driver), reverts through libvirt instead."""
+    sent, reverted = [], []
+    real_revert = desktop._dom.revertToSnapshot
+    monkeypatch.setattr(desktop._dom, "revertToSnapshot", lambda *a: reverted.append(1) or real_revert(*a),
+                        raising=False)
+    def monitor(dom, cmd, flags):
+        sent.append(json.loads(cmd))
+        return json.dumps({"return": reply})
+    monkeypatch.setattr(desktop._lvq, "qemuMonitorCommand", monitor)
+    reply = ""
+    desktop.reset()
+    assert sent[-1] == {"execute": "human-monitor-command", "arguments": {"command-line": "loadvm coda-ready"}}
+    assert reverted == [] and "revert" in desktop.timings
+    reply = "Error: Snapshot 'coda-ready' does not exist\r\n"
+    desktop.reset()
+    assert reverted == [1] and desktop.alive()
 
 
 def test_reset_before_start_boots(base, conn):
@@ -578,8 +599,11 @@ def test_real_vm_round_trip():
     image = os.environ.get("CODA_VM_IMAGE", "vm_images/build/coda-debian12.qcow2")
     if not os.path.exists(image):
         pytest.skip(f"no VM image at {image} (build it with `make vm-image`)")
+    # build.sh's image has no bootloader: the domain.xml beside it boots the kernel beside it.
+    xml = os.environ.get("CODA_VM_DOMAIN_XML", os.path.join(os.path.dirname(os.path.abspath(image)), "domain.xml"))
     d = lvb.LibvirtDesktop(lvb.LibvirtConfig(base_image=os.path.abspath(image), pool="coda-test",
-                                             overlay_dir="/var/lib/libvirt/images/coda-test"))
+                                             overlay_dir="/var/lib/libvirt/images/coda-test",
+                                             domain_xml=xml if os.path.exists(xml) else None))
     d.start()
     try:
         assert d.screenshot().shape == (800, 1280, 3)

@@ -33,12 +33,18 @@ class KAlgebra:
 
     # ------------------------------------------------------------------ lifecycle
     def launch(self, desktop: Desktop, profile_dir: str) -> subprocess.Popen:
-        if shutil.which(self.binary) is None:
-            raise AppError("kalgebra is not installed: run `make setup` (it installs Debian's kalgebra package)")
+        from ..backends.local import LocalDesktop
+        if isinstance(desktop, LocalDesktop):
+            installed = shutil.which(self.binary) is not None
+        else:  # a VM: look in the guest, where it will run
+            installed = desktop.run(["sh", "-c", f"command -v {self.binary}"], timeout=30).returncode == 0
+        if not installed:
+            raise AppError("kalgebra is not installed: run `make setup` (it installs Debian's kalgebra package; "
+                           "in a VM image, vm_images/build.sh does)")
         home = Path(profile_dir)
-        (home / ".config").mkdir(parents=True, exist_ok=True)
         # No caret blinking: screenshots of the same state are then identical (Qt's KDE theme reads this).
-        (home / ".config" / "kdeglobals").write_text("[KDE]\nCursorBlinkRate=0\n")
+        # Written through the desktop, so that it lands where the app runs (the guest, for a VM).
+        desktop.write_file(str(home / ".config" / "kdeglobals"), b"[KDE]\nCursorBlinkRate=0\n")
         env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
                "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"),
                "QTWEBENGINE_DISABLE_SANDBOX": "1", "XDG_CURRENT_DESKTOP": "KDE", "KDE_SESSION_VERSION": "5",

@@ -138,6 +138,9 @@ class LibvirtConfig:
     name_prefix: str = "coda"
     boot_timeout: float = 900.0         # first boot under TCG is slow
     revert_timeout: float = 120.0
+    revert_mode: str = "loadvm"         # "loadvm": HMP loadvm inside the running QEMU (measured 1-3 s under
+                                        # TCG); "libvirt": virDomainRevertToSnapshot, which in libvirt 9
+                                        # restarts QEMU with -loadvm (4-10 s). loadvm falls back to libvirt.
     agent_timeout: float = 10.0         # one guest agent command
     wait_for_agent: bool = True         # False only for drivers without an agent (libvirt's test driver)
     ready_command: tuple[str, ...] = ("wmctrl", "-m")  # succeeds once the window manager is up
@@ -489,6 +492,10 @@ class LibvirtDesktop:
         self._snapshot_pointer = (0, 0)
         self._watchdog: subprocess.Popen | None = None
         self._finalizer = weakref.finalize(self, lambda: None)
+        self.timings: dict[str, float] = {}
+        """Seconds of the last start()/reset() phases: boot (define + create), agent (to the first
+        guest-ping) and desktop (to ready_command passing), both counted from the domain running; snapshot
+        (saving it), revert (reset's, through the agent answering again)."""
 
     # ------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -506,9 +513,13 @@ class LibvirtDesktop:
         try:
             base, capacity = self._find_base()
             overlay = self._create_overlay(base, capacity)
+            t0 = time.monotonic()
             self._dom = self._boot(self.domain_xml(overlay))
+            self.timings = {"boot": time.monotonic() - t0}
             self._wait_ready(time.monotonic() + self.config.boot_timeout)
+            t1 = time.monotonic()
             self._save_snapshot()
+            self.timings["snapshot"] = time.monotonic() - t1
         except BaseException:
             self.stop()
             raise
@@ -518,13 +529,33 @@ class LibvirtDesktop:
         if self._dom is None or self._snapshot is None:
             self.start()
             return
-        try:
-            self._dom.revertToSnapshot(self._snapshot, self._lv.VIR_DOMAIN_SNAPSHOT_REVERT_RUNNING)
-        except self._lv.libvirtError as e:
-            raise DesktopError(f"cannot revert domain {self.name} to snapshot {self.config.snapshot!r}: {e}") from None
+        t0 = time.monotonic()
+        if not (self.config.revert_mode == "loadvm" and self._loadvm()):
+            try:
+                self._dom.revertToSnapshot(self._snapshot, self._lv.VIR_DOMAIN_SNAPSHOT_REVERT_RUNNING)
+            except self._lv.libvirtError as e:
+                raise DesktopError(f"cannot revert domain {self.name} to snapshot {self.config.snapshot!r}: "
+                                   f"{e}") from None
         self._pointer = self._snapshot_pointer
         if self.config.wait_for_agent:  # the agent's channel reconnects after a revert
             self._wait_agent(time.monotonic() + self.config.revert_timeout)
+        self.timings["revert"] = time.monotonic() - t0
+
+    def _loadvm(self) -> bool:
+        """Revert in place: HMP `loadvm` of the internal snapshot (memory, devices and the overlay's disk)
+        in the QEMU process that runs, instead of libvirt's stop + restart. False when this driver or QEMU
+        cannot (no QEMU monitor, e.g. libvirt's test driver; an HMP error), so the caller reverts through
+        libvirt."""
+        if not self.alive():
+            return False
+        cmd = json.dumps({"execute": "human-monitor-command",
+                          "arguments": {"command-line": f"loadvm {self.config.snapshot}"}})
+        try:
+            reply = json.loads(self._lvq.qemuMonitorCommand(self._dom, cmd, 0))
+        except (self._lv.libvirtError, ValueError):
+            return False
+        # HMP reports failure as text ("Error: ..."); success is an empty string
+        return "error" not in reply and not str(reply.get("return", "")).strip()
 
     def stop(self) -> None:
         """Destroy and undefine the domain, delete its overlay, and end the watchdog."""
@@ -556,7 +587,8 @@ class LibvirtDesktop:
         try:
             return self._lv.open(uri)
         except self._lv.libvirtError as e:
-            hint = ("start the daemon with `/usr/sbin/libvirtd -d` (or `systemctl start libvirtd`)"
+            hint = ("start the daemon: `make vm-setup` (as root), `/usr/sbin/libvirtd -d` or "
+                    "`systemctl start libvirtd`"
                     if is_local_uri(uri) else "check that libvirtd runs on that host and that the URI and "
                                               "its transport (ssh keys, TLS) are right")
             raise LibvirtConnectError(f"cannot connect to libvirt at {uri!r}: {e}. Is libvirtd running? "
@@ -660,7 +692,9 @@ class LibvirtDesktop:
         self._boot_failed()
         if not self.config.wait_for_agent:
             return
+        t0 = time.monotonic()
         self._wait_agent(deadline)
+        self.timings["agent"] = time.monotonic() - t0
         if self.config.ready_command:
             last = ""
             for pause in _backoff(0.2, 2.0):
@@ -669,6 +703,7 @@ class LibvirtDesktop:
                 try:
                     p = self.run(self.config.ready_command, timeout=max(1.0, min(30.0, left)))
                     if p.returncode == 0:
+                        self.timings["desktop"] = time.monotonic() - t0
                         return
                     last = (p.stderr or p.stdout).decode(errors="replace")[-300:]
                 except (subprocess.TimeoutExpired, FileNotFoundError) as e:
