@@ -19,21 +19,15 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+from coda_env.judge import read_jsonl
+
 from .policy import Agent
 from .rollout import TrajectoryWriter, make_vector_env, run_episodes, save_png, unbatch_info  # noqa: F401
 
 
 def load_finished(out: Path) -> dict[tuple[str, int], dict]:
-    finished = {}
-    path = out / "episodes.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-                finished[(rec["task"], rec["episode"])] = rec
-            except (json.JSONDecodeError, KeyError):
-                continue                      # a line cut by a crash: that episode is redone
-    return finished
+    """Finished episodes by (task, episode); a line cut by a crash is skipped, so that episode is redone."""
+    return {(r["task"], r["episode"]): r for r in read_jsonl(out / "episodes.jsonl") if "task" in r and "episode" in r}
 
 
 def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = None, episodes: int = 1,
@@ -177,13 +171,7 @@ def _episode_page(out: Path, rep: Path, r: dict) -> None:
     e = html.escape
     name = f"{r['task']}__{r['episode']}"
     traj = out / "trajectories" / name
-    steps = []
-    if (traj / "steps.jsonl").exists():
-        for line in (traj / "steps.jsonl").read_text().splitlines():
-            try:
-                steps.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    steps = read_jsonl(traj / "steps.jsonl")
     cells = [f"<tr><td>0 (start)</td><td><img src='../trajectories/{e(name)}/step_000.png'></td><td></td></tr>"]
     for s in steps:
         notes = "".join(f"<div class='bad'>{e(p)}</div>" for p in s.get("parse_errors") or [])

@@ -189,25 +189,28 @@ def train_batch(cfg: GRPOConfig, vlm: TransformersVLM, optimizer, rollouts: Sequ
     return stats
 
 
-def _prepare(cfg: GRPOConfig, vlm: TransformersVLM):
-    """LoRA adapters (peft) on the planner's language model, or full fine-tuning with a frozen reference."""
+def prepare_model(vlm: TransformersVLM, lr: float, lora_r: int, lora_alpha: int, lora_targets: list[str],
+                  frozen_reference: bool = False):
+    """LoRA adapters (peft) on the language model's projections (lora_r > 0), or every weight trainable; with
+    `frozen_reference` and full weights, a frozen copy to compute the KL against (LoRA needs none: the
+    reference is the same model with its adapter switched off). Returns (AdamW optimizer, reference or None)."""
     import copy
     model = vlm.model
     ref_model = None
-    if cfg.lora_r > 0:
+    if lora_r > 0:
         from peft import LoraConfig, get_peft_model
         if not hasattr(model, "disable_adapter"):
-            model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                                     target_modules=cfg.lora_targets))
+            model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0,
+                                                     target_modules=lora_targets))
     else:
-        if cfg.kl_coef > 0:
+        if frozen_reference:
             ref_model = copy.deepcopy(model).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
         for p in model.parameters():
             p.requires_grad_(True)
     vlm.model = model
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     return opt, ref_model
 
 
@@ -226,15 +229,15 @@ def export_planner(vlm: TransformersVLM, path: Path) -> Path:
 
 def save_checkpoint(out: Path, cfg: GRPOConfig, vlm: TransformersVLM, optimizer, iteration: int,
                     rng: random.Random) -> None:
-    """out/checkpoint: the planner (adapter or full weights + tokenizer) and the trainer state to resume."""
+    """out/checkpoint/trainer_state.pt: the trainable weights (the LoRA adapter, or all of them), the optimizer
+    and the RNGs, under the model's own parameter names, so resuming needs no format conversion."""
     ck, tmp = out / "checkpoint", out / "checkpoint.tmp"
     import shutil
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    vlm.model.save_pretrained(tmp / "planner")
-    vlm.tokenizer.save_pretrained(tmp / "planner")
-    torch.save({"iteration": iteration, "optimizer": optimizer.state_dict(), "rng": rng.getstate(),
-                "torch_rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
+    trainable = {n: p.detach().cpu() for n, p in vlm.model.named_parameters() if p.requires_grad}
+    torch.save({"iteration": iteration, "trainable": trainable, "optimizer": optimizer.state_dict(),
+                "rng": rng.getstate(), "torch_rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
     (tmp / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     shutil.rmtree(ck, ignore_errors=True)
     tmp.rename(ck)                                      # a crash mid-save leaves the previous checkpoint
@@ -242,22 +245,18 @@ def save_checkpoint(out: Path, cfg: GRPOConfig, vlm: TransformersVLM, optimizer,
 
 def load_checkpoint(out: Path, vlm: TransformersVLM, optimizer, rng: random.Random) -> int:
     """Restore a checkpoint written by `save_checkpoint`; returns the next iteration (0 if none)."""
-    ck = out / "checkpoint"
-    if not (ck / "trainer_state.pt").exists():
+    ck = out / "checkpoint" / "trainer_state.pt"
+    if not ck.exists():
         return 0
-    state = torch.load(ck / "trainer_state.pt", weights_only=False)
-    model = vlm.model
-    if hasattr(model, "load_adapter"):
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-        set_peft_model_state_dict(model, load_file(str(ck / "planner" / "adapter_model.safetensors")))
-    else:
-        from safetensors.torch import load_file
-        import glob
-        sd = {}
-        for f in glob.glob(str(ck / "planner" / "*.safetensors")):
-            sd.update(load_file(f))
-        model.load_state_dict(sd, strict=False)
+    state = torch.load(ck, weights_only=False)
+    params = dict(vlm.model.named_parameters())
+    wrong = [n for n in state["trainable"] if n not in params] or \
+        [n for n, p in params.items() if p.requires_grad and n not in state["trainable"]]
+    if wrong:
+        raise ValueError(f"{ck} does not fit this planner (LoRA settings changed?): e.g. {wrong[:3]}")
+    with torch.no_grad():
+        for n, v in state["trainable"].items():
+            params[n].copy_(v)
     optimizer.load_state_dict(state["optimizer"])
     rng.setstate(state["rng"])
     torch.set_rng_state(state["torch_rng"])
@@ -291,11 +290,12 @@ def train(cfg: GRPOConfig, planner_vlm: TransformersVLM | None = None, executor_
     if executor_vlm is None:
         if not cfg.executor:
             raise ValueError("GRPO needs a fixed executor: --executor DIR|URL")
-        executor_vlm = load_model(cfg.executor, device=cfg.device) if not cfg.executor.startswith("http") \
-            else load_model(cfg.executor)
+        local = not cfg.executor.startswith(("http://", "https://"))
+        executor_vlm = load_model(cfg.executor, **({"device": cfg.device} if local else {}))
     if executor_vlm is vlm or getattr(executor_vlm, "model", None) is vlm.model:
         raise ValueError("the executor must be a separate model: the planner's weights change during training")
-    optimizer, ref_model = _prepare(cfg, vlm)
+    optimizer, ref_model = prepare_model(vlm, cfg.lr, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets,
+                                         frozen_reference=cfg.kl_coef > 0)
     start = load_checkpoint(out, vlm, optimizer, rng) if resume else 0
 
     env_kwargs = {"max_steps": cfg.max_steps} if cfg.max_steps else {}

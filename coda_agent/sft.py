@@ -64,7 +64,7 @@ def _runs(patterns: Sequence[str | Path]) -> list[Path]:
 def load_examples(runs: Sequence[str | Path], filter: str = "check", judge=None, threshold: float = 0.5,
                   history_images: int = 2, screen: tuple[int, int] = (1280, 800)) -> tuple[list[Example], dict]:
     """Planner examples from the kept episodes of `runs`, and counts (episodes seen, kept, examples)."""
-    from coda_env.judge import _png, load_episodes
+    from coda_env.judge import load_episodes, read_jsonl, read_png
     if filter not in ("check", "judge"):
         raise ValueError("filter must be 'check' or 'judge'")
     if filter == "judge" and judge is None:
@@ -76,7 +76,7 @@ def load_examples(runs: Sequence[str | Path], filter: str = "check", judge=None,
         counts["skipped"] += len(skipped)
         for ep in episodes:
             counts["episodes"] += 1
-            shots = [_png(p) for p in ep["pngs"]]
+            shots = [read_png(p) for p in ep["pngs"]]
             if filter == "check":
                 keep = ep["check"]
             else:
@@ -85,7 +85,7 @@ def load_examples(runs: Sequence[str | Path], filter: str = "check", judge=None,
                 continue
             counts["kept"] += 1
             planner = Planner(None, ep["app"], screen=screen, history_images=history_images)
-            steps = [json.loads(x) for x in (ep["pngs"][0].parent / "steps.jsonl").read_text().splitlines()]
+            steps = read_jsonl(ep["pngs"][0].parent / "steps.jsonl")
             history: list[Turn] = []
             for k, st in enumerate(steps):
                 call = next((c for c in st.get("calls", []) if c.get("model") == "planner"), None)
@@ -130,7 +130,7 @@ def finetune(cfg: SFTConfig, vlm, examples: Sequence[Example], progress: bool = 
     stats (also out/metrics.jsonl) and saves the planner to out/planner."""
     import torch
     from tqdm import tqdm
-    from .grpo import GRPOConfig, _prepare, export_planner
+    from .grpo import export_planner, prepare_model
     if not examples:
         raise ValueError("no training examples: no kept episode had a planner call")
     torch.manual_seed(cfg.seed)
@@ -139,8 +139,7 @@ def finetune(cfg: SFTConfig, vlm, examples: Sequence[Example], progress: bool = 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     tokenize(vlm, examples)
-    optimizer, _ = _prepare(GRPOConfig(lr=cfg.lr, kl_coef=0.0, lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                       lora_targets=cfg.lora_targets), vlm)
+    optimizer, _ = prepare_model(vlm, cfg.lr, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets)
     params = [p for p in vlm.model.parameters() if p.requires_grad]
     history = [{"epoch": 0, "loss": mean_loss(vlm, examples, cfg.micro_batch)}]
     bar = tqdm(total=cfg.epochs, disable=not progress, unit="epoch")

@@ -358,10 +358,26 @@ def make_judge(judge: Judge | JudgeConfig | dict | None) -> Judge:
 
 
 # ------------------------------------------------------------------------------------------ calibrate
-def _png(path: Path) -> np.ndarray:
+def read_png(path: Path) -> np.ndarray:
+    """A stored screenshot as (H, W, 3) uint8 RGB."""
     from PIL import Image
     with Image.open(path) as im:
         return np.asarray(im.convert("RGB"))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file written as it happened (steps.jsonl, episodes.jsonl); a line cut by a
+    crash is skipped; a missing file has none."""
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
 
 
 def load_episodes(run: Path) -> tuple[list[dict], list[dict]]:
@@ -372,12 +388,9 @@ def load_episodes(run: Path) -> tuple[list[dict], list[dict]]:
     if not path.exists():
         raise ValueError(f"{run} has no episodes.jsonl: not a `coda eval` run directory")
     records: dict[tuple[str, int], dict] = {}
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
+    for rec in read_jsonl(path):
+        if "task" in rec and "episode" in rec:
             records[(rec["task"], rec["episode"])] = rec        # a rerun's record replaces the earlier one
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
     good, skipped = [], []
     for (tid, ep), rec in records.items():
         where = {"run": str(run), "task": tid, "episode": ep, "app": rec.get("app")}
@@ -388,13 +401,7 @@ def load_episodes(run: Path) -> tuple[list[dict], list[dict]]:
             continue
         traj = run / "trajectories" / f"{tid}__{ep}"
         pngs = sorted(traj.glob("step_*.png"), key=lambda p: int(p.stem.split("_")[1]))
-        steps = []
-        if (traj / "steps.jsonl").exists():
-            for line in (traj / "steps.jsonl").read_text().splitlines():
-                try:
-                    steps.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+        steps = read_jsonl(traj / "steps.jsonl")
         if rec.get("error"):
             skipped.append({**where, "reason": f"the episode crashed: {rec['error']}"})
         elif not pngs or len(pngs) != len(steps) + 1:
@@ -428,7 +435,7 @@ def calibrate(runs: Sequence[Path], judge: Judge, batch: int = 8, progress: bool
     rows = []
     for i in range(0, len(episodes), batch):
         chunk = episodes[i:i + batch]
-        results = judge.score_batch([(e["instruction"], [_png(p) for p in e["pngs"]], e["answer"])
+        results = judge.score_batch([(e["instruction"], [read_png(p) for p in e["pngs"]], e["answer"])
                                      for e in chunk])
         for e, r in zip(chunk, results):
             rows.append({k: e[k] for k in ("run", "app", "task", "episode", "check", "answer")} |

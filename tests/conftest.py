@@ -1,12 +1,29 @@
 """Shared fixtures: real KAlgebra envs on real Xvfb desktops (installed by `make setup`)."""
 from __future__ import annotations
 
+import json
 import os
 import time
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from coda_env.backends.local import TOKEN_VAR
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """What the tests' stand-in OpenAI servers share: quiet logs and JSON replies."""
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
 
 def live_token_pids(token: str) -> list[int]:

@@ -12,7 +12,7 @@ import pickle
 import shutil
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import gymnasium as gym
@@ -33,13 +33,13 @@ from coda_env.judge import (
 )
 from coda_env.tasks import load_tasks
 
-from .conftest import run_solution
+from .conftest import JSONHandler, run_solution
 
 TASKS = ["calc_power", "calc_log2_3", "calc_hypotenuse"]
 
 
 # ------------------------------------------------------------------------------------------ stand-in server
-class _StandIn(BaseHTTPRequestHandler):
+class _StandIn(JSONHandler):
     """A stand-in judge endpoint. The served model name is the rule it answers by:
     'yes' / 'no': always that verdict; 'junk': no verdict; 'echo': only the template `VERDICT: YES|NO`;
     'cycle:PAT': PAT[seed % len(PAT)] with Y = YES, N = NO, X = no verdict; 'word:W': YES iff W is in the
@@ -48,17 +48,6 @@ class _StandIn(BaseHTTPRequestHandler):
     and md5 of its RGB bytes."""
     seen: list[dict] = []
     lock = threading.Lock()
-
-    def log_message(self, *a):
-        pass
-
-    def _send(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self):
         self._send(200, {"object": "list", "data": [{"id": "yes", "object": "model"}]})

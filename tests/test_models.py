@@ -6,7 +6,7 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -15,6 +15,8 @@ from coda_agent.models import (DEFAULT_MAX_PIXELS, ModelError, OpenAIVLM, Sampli
                                model_image_size, smart_resize)
 
 pytest.importorskip("torch")
+
+from .conftest import JSONHandler
 
 
 @pytest.fixture(scope="session")
@@ -97,23 +99,12 @@ def test_missing_path_says_so(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ HTTP stand-in
-class _StandIn(BaseHTTPRequestHandler):
+class _StandIn(JSONHandler):
     """Speaks the part of the OpenAI chat-completions protocol the client uses. Behaviour per model name:
     'ok' answers; 'flaky' fails twice with 503 then answers; 'slow' sleeps past the client timeout; 'bad'
     answers 400."""
     seen: list[dict] = []
     failures: dict[str, int] = {}
-
-    def log_message(self, *a):
-        pass
-
-    def _send(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self):
         if self.path == "/v1/models":
