@@ -6,9 +6,15 @@ the ready snapshot's save time, reset (snapshot revert until the agent answers) 
 (virDomainScreenshot + PNG/PPM decode) and step p50 (one input action + one screenshot). Optionally starts
 an app in the guest and saves a screenshot of it. Run it with `nice`; the domain is removed at the end.
 
+`--env TASK` measures the gym env instead (CodaEnv(app="kalgebra", backend="libvirt")): the first reset
+(boot, KAlgebra started and ready, its snapshot saved), reset p50 (a revert to that snapshot), step p50 (a
+click, the screen settling, the observation) and the DONE step's p50 (KAlgebra's state read in the guest
+and the task's checks), plus the oracle's reward.
+
 Usage: python benchmarks/libvirt_latency.py --image vm_images/build/coda-debian12.qcow2
        [--domain-xml vm_images/build/domain.xml] [--resets 3] [--shots 20] [--steps 20]
        [--app kalgebra --type "x:=2+3\\n" --png /tmp/kalgebra-vm.png]
+       python benchmarks/libvirt_latency.py --image ... --env calc_power [--resets 5] [--steps 10]
 """
 from __future__ import annotations
 
@@ -44,10 +50,13 @@ def main() -> None:
     ap.add_argument("--app-window", default=None, help="wmctrl class to wait for (default: --app)")
     ap.add_argument("--type", default=None, help="text to type into the app once it painted (\\n: enter)")
     ap.add_argument("--png", default=None, help="save the last screenshot here")
+    ap.add_argument("--env", default=None, metavar="TASK", help="measure CodaEnv on this KAlgebra task")
     args = ap.parse_args()
 
     image = os.path.abspath(args.image)
     xml = args.domain_xml or os.path.join(os.path.dirname(image), "domain.xml")
+    if args.env:
+        return env_figures(args, image, xml)
     cfg = LibvirtConfig(uri=args.uri, base_image=image, domain_xml=xml, domain_type=args.domain_type,
                         memory_mib=args.memory_mib, vcpus=args.vcpus)
     d = LibvirtDesktop(cfg)
@@ -129,6 +138,46 @@ def main() -> None:
             print(f"saved {args.png}")
     finally:
         d.stop()
+
+
+def env_figures(args: argparse.Namespace, image: str, xml: str) -> None:
+    from coda_env.env import CodaEnv
+    env = CodaEnv(app="kalgebra", backend="libvirt", backend_options=dict(
+        uri=args.uri, base_image=image, domain_xml=xml, domain_type=args.domain_type,
+        memory_mib=args.memory_mib, vcpus=args.vcpus))
+    try:
+        task = env.unwrapped.tasks[args.env]
+        s = time.monotonic()
+        env.reset(options={"task": task.id})
+        t = env.desktop.timings
+        print(f"first reset        {time.monotonic() - s:7.1f} s (boot {t['desktop']:.1f} s to the desktop, a11y "
+              f"{t.get('a11y', 0):.1f} s, snapshot {t['snapshot']:.1f} s, KAlgebra ready "
+              f"{env.timings['launch']:.1f} s incl. its snapshot {t.get('checkpoint', 0):.1f} s)")
+        reward = 0.0
+        for action in task.solution:
+            _, reward, term, trunc, info = env.step(action)
+            if term or trunc:
+                break
+        print(f"oracle reward      {reward:7.1f}   ({task.id}, {len(task.solution)} steps)")
+        resets, steps, dones = [], [], []
+        for i in range(args.resets):
+            s = time.monotonic()
+            env.reset(options={"task": task.id})
+            resets.append(time.monotonic() - s)
+            for j in range(args.steps // max(1, args.resets)):
+                s = time.monotonic()
+                env.step(f"pyautogui.click({200 + 40 * j}, {300 + 20 * i})")
+                steps.append(time.monotonic() - s)
+            s = time.monotonic()
+            _, r, *_ = env.step("DONE")
+            dones.append(time.monotonic() - s)
+        print(f"reset p50          {p50(resets):7.2f} s  (n={len(resets)}: {', '.join(f'{r:.2f}' for r in resets)}; "
+              f"revert to KAlgebra's snapshot)")
+        print(f"step p50           {p50(steps) * 1000:7.0f} ms (n={len(steps)}; click + settle + observation)")
+        print(f"DONE p50           {p50(dones):7.2f} s  (n={len(dones)}; KAlgebra's state read in the guest + "
+              f"checks)")
+    finally:
+        env.close()
 
 
 if __name__ == "__main__":

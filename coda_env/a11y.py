@@ -3,11 +3,19 @@
 Why not pyatspi: it lives in the system Python only. AT-SPI's D-Bus interface is documented and stable, and
 talking to it directly lets us pipeline requests: a whole subtree is read a level at a time with every
 request of a level in flight at once, instead of one round trip per property.
+
+The module needs only the standard library and jeepney, so it also runs as a script inside a VM guest
+(`python3 a11y.py tree ADDRESS APP`), where the libvirt backend runs it through the guest agent and reads
+the tree it prints as JSON: the guest's accessibility bus is not reachable from the host.
 """
 from __future__ import annotations
 
+import json
+import os
+import sys
+import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 from jeepney import DBusAddress, HeaderFields, MessageType, new_method_call
 from jeepney.io.blocking import open_dbus_connection
@@ -60,6 +68,8 @@ class Node:
     name: str = ""
     children: list["Node"] = field(default_factory=list)
     text: str | None = None
+    states: frozenset[str] | None = None            # filled for `details_roles` (else ask the client)
+    extents: tuple[int, int, int, int] | None = None  # screen x, y, width, height, likewise
 
     def walk(self) -> Iterator["Node"]:
         yield self
@@ -78,6 +88,44 @@ class Node:
         """An indented one-line-per-node rendering (the `a11y_tree` observation)."""
         line = "  " * depth + f"{self.role} {self.name!r}" + (f" text={self.text!r}" if self.text else "")
         return "\n".join([line] + [c.to_text(depth + 1) for c in self.children])
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"bus": self.bus, "path": self.path, "role": self.role, "name": self.name}
+        if self.text is not None:
+            d["text"] = self.text
+        if self.states is not None:
+            d["states"] = sorted(self.states)
+        if self.extents is not None:
+            d["extents"] = list(self.extents)
+        if self.children:
+            d["children"] = [c.to_dict() for c in self.children]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Node":
+        try:
+            ext = d.get("extents")
+            return cls(bus=str(d["bus"]), path=str(d["path"]), role=str(d.get("role", "")),
+                       name=str(d.get("name", "")), text=d.get("text"),
+                       states=frozenset(d["states"]) if "states" in d else None,
+                       extents=tuple(int(v) for v in ext) if ext is not None else None,  # type: ignore[arg-type]
+                       children=[cls.from_dict(c) for c in d.get("children", ())])
+        except (KeyError, TypeError, ValueError) as e:
+            raise A11yError(f"malformed accessibility tree: {e!r}") from None
+
+
+class A11ySource(Protocol):
+    """What app adapters read accessibility through (`Desktop.a11y()`): `A11yClient` on this machine's bus,
+    or a reader that runs this module inside a VM guest."""
+
+    def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
+                 details_roles: frozenset[str] = frozenset()) -> Node | None:
+        """The named application's tree (None when it is not on the bus), without the subtrees of
+        `skip_roles`; `texts` also reads text widgets' contents, and the nodes of `details_roles` get their
+        states and extents stored (which `states`/`extents` of a remote reader can only answer from)."""
+    def states(self, node: Node) -> set[str]: ...
+    def extents(self, node: Node) -> tuple[int, int, int, int] | None: ...
+    def close(self) -> None: ...
 
 
 class A11yClient:
@@ -103,7 +151,6 @@ class A11yClient:
             serials.append(serial)
         want = {s: i for i, s in enumerate(serials)}
         out: list = [None] * len(serials)
-        import time
         deadline = time.monotonic() + self.timeout
         while want:
             left = deadline - time.monotonic()
@@ -130,6 +177,24 @@ class A11yClient:
 
     def application(self, name: str) -> Node | None:
         return next((a for a in self.applications() if a.name == name), None)
+
+    def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
+                 details_roles: frozenset[str] = frozenset()) -> Node | None:
+        """`application(name)` and its `tree`; the nodes of `details_roles` also get their states and extents
+        stored."""
+        app = self.application(name)
+        if app is None:
+            return None
+        root = self.tree(app, skip_roles=skip_roles, texts=texts)
+        nodes = [n for n in root.walk() if n.role in details_roles]
+        if nodes:
+            calls = [(n.bus, n.path, ACC, "GetState", None, ()) for n in nodes]
+            calls += [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,)) for n in nodes]
+            res = self._many(calls)
+            for n, st, ext in zip(nodes, res[:len(nodes)], res[len(nodes):]):
+                n.states = frozenset(_state_names(st[0])) if st else frozenset()
+                n.extents = tuple(ext[0]) if ext else None  # type: ignore[assignment]
+        return root
 
     def _fill(self, nodes: list[Node]) -> None:
         calls = []
@@ -177,11 +242,46 @@ class A11yClient:
     def states(self, node: Node) -> set[str]:
         """The node's AT-SPI state names that matter for reading an app ('selected', 'checked', ...)."""
         body = self._many([(node.bus, node.path, ACC, "GetState", None, ())])[0]
-        if not body:
-            return set()
-        bits = body[0][0] | (body[0][1] << 32)
-        return {name for name, bit in _STATES.items() if bits >> bit & 1}
+        return _state_names(body[0]) if body else set()
 
     def extents(self, node: Node) -> tuple[int, int, int, int] | None:
         body = self._many([(node.bus, node.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,))])[0]
         return tuple(body[0]) if body else None
+
+
+def _state_names(words: Any) -> set[str]:
+    bits = words[0] | (words[1] << 32)
+    return {name for name, bit in _STATES.items() if bits >> bit & 1}
+
+
+def main(argv: list[str]) -> int:
+    """`a11y.py apps ADDRESS`: the applications on the bus, one name a line (this also activates AT-SPI's
+    registry). `a11y.py tree ADDRESS APP [--texts] [--skip ROLE]... [--details ROLE]...`: APP's tree as JSON
+    (`null` when APP is not on the bus), with the states and extents of the --details roles' nodes. ADDRESS
+    is the D-Bus session bus address; `-`: $DBUS_SESSION_BUS_ADDRESS."""
+    if len(argv) < 2 or argv[0] not in ("apps", "tree") or (argv[0] == "tree" and len(argv) < 3):
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS", "") if argv[1] == "-" else argv[1]
+    try:
+        client = A11yClient(address)
+        try:
+            if argv[0] == "apps":
+                print("\n".join(a.name for a in client.applications()))
+                return 0
+            rest = argv[3:]
+            def roles(flag: str) -> frozenset[str]:
+                return frozenset(rest[i + 1] for i, a in enumerate(rest[:-1]) if a == flag)
+            root = client.app_tree(argv[2], skip_roles=roles("--skip"), texts="--texts" in rest,
+                                   details_roles=roles("--details"))
+        finally:
+            client.close()
+    except A11yError as e:
+        print(f"a11y: {e}", file=sys.stderr)
+        return 1
+    json.dump(root.to_dict() if root is not None else None, sys.stdout, separators=(",", ":"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -55,7 +55,7 @@ class CodaEnv(gym.Env):
                  tasks: list[str] | None = None, screen: tuple[int, int] = (1280, 800), reward: str = "check",
                  action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
                  a11y_tree: bool = False, settle_timeout: float = 2.0, settle_quiet: float = 0.05,
-                 ready_timeout: float = 30.0, info_timings: bool = True, backend_options: dict | None = None,
+                 ready_timeout: float | None = None, info_timings: bool = True, backend_options: dict | None = None,
                  judge: Any = None):
         if reward not in ("check", "judge"):
             raise ValueError(f"reward must be 'check' or 'judge', got {reward!r}")
@@ -72,7 +72,7 @@ class CodaEnv(gym.Env):
         self.width, self.height = screen
         self.render_mode, self.action_mode = render_mode, action_mode
         self.max_steps, self.want_a11y = max_steps, a11y_tree
-        self.settle_timeout, self.settle_quiet, self.ready_timeout = settle_timeout, settle_quiet, ready_timeout
+        self.settle_timeout, self.settle_quiet = settle_timeout, settle_quiet
         self._backend_options = backend_options or {}
         # Per-phase timings of the last reset/step are always in `self.timings`; they are also put in `info`
         # unless info_timings=False (gymnasium's check_env demands identical infos for identical seeds).
@@ -94,6 +94,9 @@ class CodaEnv(gym.Env):
         self.action_space = (spaces.Text(max_length=MAX_TEXT, charset=CHARSET) if action_mode == "text"
                              else structured_space(screen))
         self.desktop = make_desktop(backend, self.width, self.height, **self._backend_options)
+        # how long an app may take to start: a VM under software emulation needs far longer than Xvfb
+        self.ready_timeout = float(ready_timeout if ready_timeout is not None
+                                   else getattr(self.desktop, "app_timeout", 30.0))
         self.app = get_app(app)
         self.task: Task | None = None
         self._proc = None
@@ -109,6 +112,7 @@ class CodaEnv(gym.Env):
         # The task of the next reset when its options name none: how a runner assigns tasks to the envs of
         # a vector env (`envs.set_attr("next_task", [...])`), whose autoreset passes no options. Used once.
         self.next_task: str | None = None
+        self._app_saved = False  # the desktop's snapshot has the app running (see reset)
 
     # ----------------------------------------------------------------------------------------- helpers
     def _settle(self, timeout: float | None = None) -> tuple[np.ndarray, float]:
@@ -163,21 +167,34 @@ class CodaEnv(gym.Env):
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         self.task = self._pick_task(options)
-        self._stop_app()
-        if not self.desktop.alive():
-            self.desktop.start()
-        elif hasattr(self.desktop, "reset"):  # a VM reverts to its ready snapshot instead of rebooting
+        # A desktop with snapshots (a VM) saves one once the app is up (`checkpoint`); every later reset
+        # reverts to it, and the app comes back running and ready. Any other desktop restarts the app.
+        snapshots = hasattr(self.desktop, "checkpoint")
+        if snapshots and self._app_saved and self.desktop.alive():
+            self.app.close()  # connections only: the app itself is part of the snapshot
             self.desktop.reset()
+        else:
+            self._stop_app()
+            self._app_saved = False
+            if not self.desktop.alive():
+                self.desktop.start()
+            elif hasattr(self.desktop, "reset"):  # back to the desktop's own ready snapshot
+                self.desktop.reset()
         timings["desktop"] = time.monotonic() - t0
         t1 = time.monotonic()
-        self._profile = tempfile.mkdtemp(prefix=f"coda-{self.app_name}-")
-        self.desktop.app_home = self._profile
-        self._proc = self.app.launch(self.desktop, self._profile)
+        if not self._app_saved:
+            self._profile = tempfile.mkdtemp(prefix=f"coda-{self.app_name}-")
+            self.desktop.app_home = self._profile
+            self._proc = self.app.launch(self.desktop, self._profile)
         deadline = time.monotonic() + self.ready_timeout
-        while not self.app.ready(self.desktop):
+        # after a revert to the app's snapshot the app is as it was when ready() passed: only check it runs
+        while not (self.app.ready(self.desktop) if not self._app_saved else self._check_app() is None):
             if time.monotonic() > deadline:
                 raise AppError(f"{self.app_name} did not become ready within {self.ready_timeout}s")
             time.sleep(0.01)
+        if snapshots and not self._app_saved:
+            self.desktop.checkpoint(self.app_name)
+            self._app_saved = True
         timings["launch"] = time.monotonic() - t1
         t2 = time.monotonic()
         for op in self.task.initialize:

@@ -228,3 +228,100 @@ def test_async_vector_env_isolated():
         assert r.tolist() == [1.0, 0.0]
     finally:
         envs.close()
+
+
+class _HostAgent:
+    """A stand-in for the libvirt backend's guest agent (named as such: no VM here): it runs the command
+    `GuestA11y` sends to the guest on this machine instead, with the desktop's environment, so the reader
+    script, its JSON and the adapter's reading of it are the real ones."""
+
+    def __init__(self, desktop):
+        self.desktop = desktop
+
+    def run(self, argv, timeout=30.0):
+        from coda_env import a11y
+        from coda_env.backends.libvirt import GUEST_A11Y
+        argv = [sys.executable if a == "python3" else a.replace(GUEST_A11Y, a11y.__file__) for a in argv]
+        return subprocess.run(argv, env=self.desktop.env, capture_output=True, timeout=timeout)
+
+
+class _GuestView:
+    """The env's desktop, except that accessibility is read the libvirt backend's way."""
+
+    def __init__(self, desktop, address=None):
+        self._desktop, self._address = desktop, address or desktop.env["DBUS_SESSION_BUS_ADDRESS"]
+
+    def __getattr__(self, name):
+        return getattr(self._desktop, name)
+
+    def a11y(self):
+        from coda_env.backends.libvirt import GuestA11y
+        return GuestA11y(_HostAgent(self._desktop), self._address)
+
+
+def _content(node):
+    """A tree without its object paths (Qt makes new objects for a tree view's items on every read)."""
+    return (node.role, node.name, node.text, node.states, node.extents, [_content(c) for c in node.children])
+
+
+def test_guest_a11y_reader_reads_what_the_client_reads(kalgebra_env):
+    """The libvirt backend reads app state by running coda_env/a11y.py in the guest; the same script run on
+    this desktop's bus gives KAlgebra's adapter the same state, tab and widget positions as the live client."""
+    from coda_env.a11y import A11yError
+    from coda_env.apps.kalgebra import _DETAILS, _STATE_SKIP, KAlgebra
+    rewards, *_ = run_solution(kalgebra_env, "calc_power")
+    assert rewards[-1] == 1.0
+    desktop = kalgebra_env.unwrapped.desktop
+    local, guest = KAlgebra(), KAlgebra()
+    try:
+        want = local.state(desktop)
+        assert want["variables"]["a"] == "81" and want["tab"] == "Calculator"
+        assert guest.state(_GuestView(desktop)) == want
+        live, reader = desktop.a11y(), guest._client(_GuestView(desktop))
+        try:
+            def same_tree():  # KAlgebra settles for a moment after a calculation (a status label comes and goes)
+                a = live.app_tree("kalgebra", skip_roles=_STATE_SKIP, texts=True, details_roles=_DETAILS)
+                b = reader.app_tree("kalgebra", skip_roles=_STATE_SKIP, texts=True, details_roles=_DETAILS)
+                c = live.app_tree("kalgebra", skip_roles=_STATE_SKIP, texts=True, details_roles=_DETAILS)
+                return _content(a) == _content(b) == _content(c) and (a, b)
+            tree, read = wait_until(same_tree, timeout=20)
+            assert read.first("page tab", "Calculator").states & {"selected", "focused"}  # how the adapter tells the tab
+            tab = tree.first("page tab", "Calculator")
+            assert read.first("page tab", "Calculator").extents == live.extents(tab)
+            assert read.first("frame", "Variables") is not None and read.first("list").children == []  # skipped
+            with pytest.raises(A11yError, match="were not read: pass its role in app_tree's details_roles"):
+                reader.states(read.first("frame", "Variables"))
+        finally:
+            live.close()
+        assert guest._client(_GuestView(desktop)).app_tree("no-such-app") is None
+    finally:
+        local.close()
+        guest.close()
+
+
+def test_guest_a11y_reader_errors_are_clear(kalgebra_env):
+    from coda_env.a11y import A11yError
+    from coda_env.apps import AppError
+    from coda_env.apps.kalgebra import KAlgebra
+    kalgebra_env.reset(options={"task": "calc_power"})
+    desktop = kalgebra_env.unwrapped.desktop
+    broken = _GuestView(desktop, address="unix:path=/nonexistent/bus")
+    with pytest.raises(A11yError, match=r"the guest's a11y reader failed \(exit 1\): a11y: cannot reach the "
+                                        r"accessibility bus"):
+        broken.a11y().app_tree("kalgebra")
+    app = KAlgebra()
+    with pytest.raises(AppError, match="cannot read KAlgebra's state: the guest's a11y reader failed"):
+        app.state(broken)
+    assert app.ready(broken) is False  # polled while an app starts: not ready yet, not an error
+    from coda_env.a11y import main
+    assert main(["tree"]) == 2  # usage
+
+
+def test_a11y_script_takes_the_bus_from_its_environment(kalgebra_env):
+    """`a11y.py apps -`: the bus of the caller's session (how it runs under an OSWorld-style guest server)."""
+    from coda_env import a11y
+    kalgebra_env.reset(options={"task": "calc_power"})
+    desktop = kalgebra_env.unwrapped.desktop
+    p = subprocess.run([sys.executable, a11y.__file__, "apps", "-"], env=desktop.env, capture_output=True,
+                       timeout=60)
+    assert p.returncode == 0 and "kalgebra" in p.stdout.decode().split("\n"), p.stderr

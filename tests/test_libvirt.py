@@ -491,10 +491,43 @@ def test_missing_libvirt_python_is_a_clear_error(monkeypatch):
         lvb.LibvirtDesktop(lvb.LibvirtConfig())
 
 
-def test_accessibility_bus_lookup_names_what_is_missing(desktop):
+def test_accessibility_is_read_in_the_guest(desktop):
+    """App state comes from coda_env/a11y.py run through the guest agent at the guest's fixed bus address;
+    without an agent (this driver) that says what failed instead of answering nothing."""
     assert desktop.env["DISPLAY"] == ":0"
-    with pytest.raises(NotImplementedError, match="D-Bus session \\(AT-SPI\\) is not forwarded"):
-        desktop.env.get("DBUS_SESSION_BUS_ADDRESS")
+    assert desktop.env["DBUS_SESSION_BUS_ADDRESS"] == "unix:path=/run/coda/bus"
+    source = desktop.a11y()
+    assert isinstance(source, lvb.GuestA11y) and source.address == "unix:path=/run/coda/bus"
+    with pytest.raises(lvb.GuestAgentError, match="guest-exec"):
+        source.app_tree("kalgebra")
+
+
+def test_guest_a11y_parses_the_readers_output(monkeypatch, desktop):
+    from coda_env.a11y import A11yError
+    sent = []
+
+    def run(argv, timeout=30.0):
+        sent.append(list(argv))
+        return subprocess.CompletedProcess(argv, 0, OUT.pop(0), b"")
+    OUT = [json.dumps({"bus": ":1.5", "path": "/r", "role": "application", "name": "kalgebra", "children": [
+        {"bus": ":1.5", "path": "/t", "role": "page tab", "name": "2D Graph", "states": ["selected"],
+         "extents": [1, 2, 30, 40]}]}).encode(), b"null", b"garbage", b'{"path": "/x"}']
+    monkeypatch.setattr(desktop, "run", run)
+    source = desktop.a11y()
+    tree = source.app_tree("kalgebra", skip_roles=frozenset({"menu bar", "combo box"}), texts=True)
+    assert sent[0] == ["python3", lvb.GUEST_A11Y, "tree", "unix:path=/run/coda/bus", "kalgebra",
+                       "--skip", "combo box", "--skip", "menu bar", "--texts"]
+    tab = tree.first("page tab")
+    assert source.states(tab) == {"selected"} and source.extents(tab) == (1, 2, 30, 40)
+    assert source.app_tree("kalgebra") is None
+    with pytest.raises(A11yError, match="printed no JSON tree"):
+        source.app_tree("kalgebra")
+    with pytest.raises(A11yError, match="malformed accessibility tree"):
+        source.app_tree("kalgebra")
+    monkeypatch.setattr(desktop, "run", lambda argv, timeout=30.0: subprocess.CompletedProcess(
+        argv, 1, b"", b"a11y: cannot reach the accessibility bus: [Errno 2] No such file or directory"))
+    with pytest.raises(A11yError, match=r"reader failed \(exit 1\): a11y: cannot reach the accessibility bus"):
+        source.app_tree("kalgebra")
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -593,19 +626,29 @@ def test_watchdog_outlives_a_killed_parent_only_to_clean_up(tmp_path):
 # ------------------------------------------------------------------------------------ a real VM
 
 
-@pytest.mark.vm
-def test_real_vm_round_trip():
-    """Boot the image from `make vm-image` (CODA_VM_IMAGE) under qemu:///system and use every part."""
+def _vm_image() -> tuple[str, str | None]:
+    """The image from `make vm-image` (CODA_VM_IMAGE) and the domain.xml beside it, or skip."""
     image = os.environ.get("CODA_VM_IMAGE", "vm_images/build/coda-debian12.qcow2")
     if not os.path.exists(image):
+        if os.environ.get("CODA_VM_REQUIRED"):  # `make vm-test`: a missing image is a failure, not a skip
+            pytest.fail(f"no VM image at {image} (build it with `make vm-image`)")
         pytest.skip(f"no VM image at {image} (build it with `make vm-image`)")
     # build.sh's image has no bootloader: the domain.xml beside it boots the kernel beside it.
     xml = os.environ.get("CODA_VM_DOMAIN_XML", os.path.join(os.path.dirname(os.path.abspath(image)), "domain.xml"))
-    d = lvb.LibvirtDesktop(lvb.LibvirtConfig(base_image=os.path.abspath(image), pool="coda-test",
-                                             overlay_dir="/var/lib/libvirt/images/coda-test",
-                                             domain_xml=xml if os.path.exists(xml) else None))
+    return os.path.abspath(image), xml if os.path.exists(xml) else None
+
+
+VM_OPTIONS = dict(pool="coda-test", overlay_dir="/var/lib/libvirt/images/coda-test")
+
+
+@pytest.mark.vm
+def test_real_vm_round_trip():
+    """Boot the image under qemu:///system and use every part of the desktop."""
+    image, xml = _vm_image()
+    d = lvb.LibvirtDesktop(lvb.LibvirtConfig(base_image=image, domain_xml=xml, **VM_OPTIONS))
     d.start()
     try:
+        assert {"boot", "agent", "desktop", "a11y", "snapshot"} <= set(d.timings)
         assert d.screenshot().shape == (800, 1280, 3)
         assert d.run(["echo", "hi"]).stdout == b"hi\n"
         d.write_file("/tmp/coda/x.txt", b"\x00\x01data")
@@ -614,14 +657,59 @@ def test_real_vm_round_trip():
         assert p.poll() is None
         d.kill_group(p)
         assert p.poll() is not None
+        after = d.spawn(["sleep", "600"])  # started after the snapshot: the revert ends it
         d.input(Action("click", x=640, y=400))
         d.input(Action("type", text="x:=2+3\n"))
         d.write_file("/tmp/coda/marker", b"1")
         d.reset()
         with pytest.raises(FileNotFoundError):
             d.read_file("/tmp/coda/marker")  # the revert took the disk back too
+        assert after.poll() is not None
+        assert d.a11y().app_tree("no-such-app") is None  # the guest's AT-SPI bus answers after a revert
     finally:
         d.stop()
+
+
+@pytest.mark.vm
+def test_kalgebra_task_through_a_vm(tmp_path):
+    """The same env, tasks and checks with KAlgebra inside a VM: the oracle of a task scores 1.0; then a
+    reset (a revert to the snapshot saved with KAlgebra up) and DONE at once scores 0.0."""
+    from coda_env.env import CodaEnv
+
+    from .conftest import run_solution
+    image, xml = _vm_image()
+    env = CodaEnv(app="kalgebra", backend="libvirt",
+                  backend_options=dict(base_image=image, domain_xml=xml, **VM_OPTIONS))
+    figures: dict[str, object] = {}
+    try:
+        t0 = time.monotonic()
+        rewards, term, trunc, info = run_solution(env, "calc_power")
+        figures["first_episode_s"] = time.monotonic() - t0
+        figures["desktop"] = dict(env.desktop.timings)
+        assert term and not trunc and rewards[-1] == 1.0, info.get("checks")
+        assert info["success"] is True and all(r == 0.0 for r in rewards[:-1])
+        resets = []
+        for _ in range(2):
+            obs, info = env.reset(options={"task": "calc_power"})
+            resets.append(dict(env.timings))
+            assert obs["screenshot"].shape == (800, 1280, 3)
+            obs, r, term, trunc, info = env.step("DONE")
+            assert term and r == 0.0 and info["success"] is False, info.get("checks")
+        figures["resets"] = resets
+        obs, info = env.reset(options={"task": "calc_derivative_at_point"})  # another task, same snapshot
+        assert obs["instruction"] == env.unwrapped.tasks["calc_derivative_at_point"].instruction
+        name = env.desktop.name
+    finally:
+        env.close()
+    conn = libvirt.open("qemu:///system")
+    try:
+        assert name not in [d.name() for d in conn.listAllDomains()]
+    finally:
+        conn.close()
+    print("vm figures:", json.dumps(figures))
+    out = os.environ.get("CODA_VM_FIGURES")
+    if out:
+        Path(out).write_text(json.dumps(figures, indent=1))
 
 
 def test_vm_images_domain_template_is_accepted(tmp_path, base, conn):
@@ -635,6 +723,21 @@ def test_vm_images_domain_template_is_accepted(tmp_path, base, conn):
         xml = conn.lookupByName(d.name).XMLDesc()
         assert "<kernel>/b/vmlinuz</kernel>" in xml and "root=/dev/vda" in xml
         assert "<input type='tablet' bus='usb'/>" in xml and "org.qemu.guest_agent.0" in xml
+    finally:
+        d.stop()
+
+
+def test_scienceboard_domain_template_is_accepted(base, conn, osworld):
+    """vm_images/scienceboard.xml.in (SATA disk, a NIC on the default network, no agent channel) defines and
+    starts a domain, and with guest="http" the desktop comes up through the (stand-in) server."""
+    xml = str(Path(__file__).resolve().parents[1] / "vm_images" / "scienceboard.xml.in")
+    d = lvb.LibvirtDesktop(config(base, domain_xml=xml, wait_for_agent=True, guest="http", guest_url=osworld.url,
+                                  ready_command=("true",), a11y=False, width=1920, height=1080))
+    d.start()
+    try:
+        text = conn.lookupByName(d.name).XMLDesc()
+        assert "<target dev='sda' bus='sata'/>" in text and "<source network='default'/>" in text
+        assert "org.qemu.guest_agent.0" not in text and d.screenshot().shape == (1080, 1920, 3)
     finally:
         d.stop()
 
@@ -655,3 +758,139 @@ def test_env_on_libvirt_backend_reaches_the_guest(base, conn):
     finally:
         env.close()
     assert coda_domains(conn) == [] and coda_volumes(conn) == []
+
+
+# ------------------------------------------------------------------- the "http" guest transport
+
+
+class _OSWorldStandIn:
+    """A stand-in for the OSWorld server that ScienceBoard's VM image runs on port 5000 (named as such: that
+    image cannot be downloaded here). It serves the four endpoints the transport uses, as that server's
+    source defines them, and runs the commands on this machine, in a scratch folder's world."""
+
+    def __init__(self):
+        import threading
+        from email.parser import BytesParser
+        from http.server import ThreadingHTTPServer
+
+        from .conftest import JSONHandler
+        seen = self.seen = []
+
+        def form(handler) -> dict:
+            length = int(handler.headers.get("Content-Length", 0))
+            raw = (f"Content-Type: {handler.headers['Content-Type']}\r\n\r\n").encode() + handler.rfile.read(length)
+            msg = BytesParser().parsebytes(raw)
+            return {part.get_param("name", header="content-disposition"): part.get_payload(decode=True)
+                    for part in msg.get_payload()}
+
+        class Handler(JSONHandler):
+            def do_GET(self):
+                seen.append(self.path)
+                if self.path == "/platform":
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(b"Linux")
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self):
+                seen.append(self.path)
+                if self.path == "/execute":
+                    data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                    try:
+                        r = subprocess.run(data["command"], shell=data.get("shell", False), capture_output=True,
+                                           text=True, timeout=300)
+                    except Exception as e:
+                        return self._send(500, {"status": "error", "message": str(e)})
+                    return self._send(200, {"status": "success", "output": r.stdout, "error": r.stderr,
+                                            "returncode": r.returncode})
+                fields = form(self)
+                path = fields.get("file_path", b"").decode()
+                if self.path == "/file":
+                    try:
+                        body = Path(path).read_bytes()
+                    except FileNotFoundError:
+                        return self._send(404, {"error": "File not found"})
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                elif self.path == "/setup/upload" and "file_data" in fields:
+                    Path(path).write_bytes(fields["file_data"])
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(b"File Uploaded")
+                else:
+                    self._send(400, {"error": "file_path and file_data are required"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def osworld():
+    s = _OSWorldStandIn()
+    yield s
+    s.close()
+
+
+def test_http_guest_transport_runs_commands_files_and_programs(base, osworld, tmp_path):
+    d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, guest="http", guest_url=osworld.url,
+                                  ready_command=("true",), a11y=False))
+    d.start()  # waits for GET /platform instead of the guest agent
+    try:
+        assert "/platform" in osworld.seen and d.alive()
+        assert d.run(["echo", "hi"]).stdout == b"hi\n"
+        assert d.run(["sh", "-c", "exit 3"]).returncode == 3
+        with pytest.raises(FileNotFoundError, match="not installed in the guest"):
+            d.run(["no-such-program-coda"])
+        f = str(tmp_path / "sub" / "x.bin")
+        d.write_file(f, b"\x00\x01data\xff")
+        assert d.read_file(f) == b"\x00\x01data\xff"
+        with pytest.raises(FileNotFoundError, match="does not exist in the guest"):
+            d.read_file(str(tmp_path / "missing"))
+        log = tmp_path / "prog.log"
+        p = d.spawn(["sh", "-c", 'echo "$FOO $QT_LINUX_ACCESSIBILITY_ALWAYS_ON $PWD"; exit 7'], env={"FOO": "bar"},
+                    cwd=str(tmp_path / "home"), log=str(log))
+        assert p.wait(timeout=20) == 7
+        assert log.read_text().strip() == f"bar 1 {tmp_path / 'home'}"
+        sleeper = d.spawn(["sleep", "600"])
+        assert sleeper.poll() is None
+        d.kill_group(sleeper)  # its whole process group, through the server
+        assert sleeper.poll() is not None
+        assert wait_until(lambda: subprocess.run(["pgrep", "-f", "^sleep 600$"], capture_output=True).returncode != 0)
+        assert isinstance(d.a11y(), lvb.GuestA11y) and d.a11y().address == "-"  # the server's own session bus
+    finally:
+        d.stop()
+
+
+def test_http_guest_silent_is_a_clear_error(base):
+    with socket_port() as port:  # nothing listens there
+        d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, guest="http", guest_url=f"http://127.0.0.1:{port}",
+                                      boot_timeout=1.0))
+        with pytest.raises(lvb.GuestAgentError, match=r"the HTTP server in coda-\w+ did not answer "
+                                                      r"\(http://127.0.0.1:\d+\): the image must run an OSWorld"):
+            d.start()
+        assert d.name is not None and not d.alive()
+    with pytest.raises(ValueError, match="guest must be 'agent' or 'http'"):
+        lvb.LibvirtDesktop(config(base, guest="ssh"))
+
+
+class socket_port:
+    """A free local TCP port, closed again (so a connection to it is refused)."""
+
+    def __enter__(self):
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        return port
+
+    def __exit__(self, *exc):
+        return False

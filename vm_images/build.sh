@@ -4,7 +4,9 @@
 #
 # The guest: an auto-login X session as root on :0 (Xorg on the virtio GPU, the domain XML's 1280x800
 # <resolution> as its preferred mode), openbox, wmctrl (LibvirtDesktop.windows), qemu-guest-agent (started by
-# udev when its virtio port appears), kalgebra and the AT-SPI packages. No network, no password login.
+# udev when its virtio port appears), the apps (KAlgebra, GRASS GIS, TeXstudio: APPS below), the AT-SPI
+# packages and python3-jeepney (the host reads app state by running coda_env/a11y.py in the guest). No
+# network, no password login.
 #
 # Needs no loop device: debootstrap and apt install into a folder (with /proc and /sys mounted in it),
 # `mkfs.ext4 -d` turns the folder into a partitionless filesystem, and the domain boots the
@@ -15,9 +17,14 @@ OUT=${OUT:-build}
 SIZE=${SIZE:-8G}
 SUITE=bookworm
 IMAGE="$OUT/coda-debian12.qcow2"
+# The apps that install from Debian (APPS to choose), and hooks for the ones that do not:
+#   EXTRA_DEBS="/path/ucsf-chimerax_1.8_amd64.deb ..."   .deb files, installed with their dependencies
+#   EXTRA_TREES="/path/celestia:/opt/celestia /path/elan:/opt/elan ..."   folders copied in (SRC:DEST)
+#   HOOK=/path/script.sh   run in the image's chroot last (PATH links, licences, settings)
+APPS=(${APPS:-kalgebra grass-gui texstudio})
 PACKAGES=(linux-image-amd64 initramfs-tools systemd-sysv udev dbus dbus-x11 qemu-guest-agent
           xserver-xorg-core xserver-xorg-input-libinput xinit x11-xserver-utils openbox wmctrl
-          at-spi2-core kalgebra fonts-dejavu-core procps psmisc coreutils)
+          at-spi2-core python3 python3-jeepney fonts-dejavu-core procps psmisc coreutils "${APPS[@]}")
 
 [ "$(id -u)" -eq 0 ] || { echo "vm-image: run as root (debootstrap needs it)" >&2; exit 1; }
 for tool in debootstrap mkfs.ext4 qemu-img; do
@@ -47,6 +54,23 @@ printf '#!/bin/sh\nexit 101\n' > "$ROOT/usr/sbin/policy-rc.d"  # no services sta
 chmod +x "$ROOT/usr/sbin/policy-rc.d"
 chroot "$ROOT" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive chroot "$ROOT" apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"
+for deb in ${EXTRA_DEBS:-}; do
+  echo "vm-image: installing $deb"
+  cp "$deb" "$ROOT/tmp/$(basename "$deb")"
+  DEBIAN_FRONTEND=noninteractive chroot "$ROOT" apt-get install -y -qq --no-install-recommends "/tmp/$(basename "$deb")"
+  rm -f "$ROOT/tmp/$(basename "$deb")"
+done
+for tree in ${EXTRA_TREES:-}; do
+  echo "vm-image: copying ${tree%%:*} to ${tree#*:}"
+  mkdir -p "$ROOT${tree#*:}"
+  cp -a "${tree%%:*}/." "$ROOT${tree#*:}/"
+done
+if [ -n "${HOOK:-}" ]; then
+  echo "vm-image: running $HOOK in the image"
+  install -m 0755 "$HOOK" "$ROOT/tmp/coda-hook"
+  chroot "$ROOT" /tmp/coda-hook
+  rm -f "$ROOT/tmp/coda-hook"
+fi
 chroot "$ROOT" apt-get clean
 rm -f "$ROOT/usr/sbin/policy-rc.d"
 umount "$ROOT/proc" "$ROOT/sys"
@@ -76,4 +100,4 @@ mv "$IMAGE.tmp" "$IMAGE"
 
 OUT_ABS=$(cd "$OUT" && pwd)
 sed -e "s|@KERNEL@|$OUT_ABS/vmlinuz|" -e "s|@INITRD@|$OUT_ABS/initrd.img|" domain.xml.in > "$OUT/domain.xml"
-echo "vm-image: done: $IMAGE (use backend_options={'base_image': '$OUT_ABS/coda-debian12.qcow2', 'domain_xml': '$OUT_ABS/domain.xml'})"
+echo "vm-image: done in ${SECONDS}s: $IMAGE ($(du -h "$IMAGE" | cut -f1)) (use backend_options={'base_image': '$OUT_ABS/coda-debian12.qcow2', 'domain_xml': '$OUT_ABS/domain.xml'})"

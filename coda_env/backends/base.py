@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from ..actions import Action
+
+if TYPE_CHECKING:
+    from ..a11y import A11ySource
 
 
 class DesktopError(RuntimeError):
@@ -49,5 +52,7 @@ class Desktop(Protocol):
     def read_file(self, path: str) -> bytes: ...
     def write_file(self, path: str, data: bytes) -> None: ...
     def windows(self) -> list[Window]: ...
+    def a11y(self) -> "A11ySource":
+        """Read access to the accessibility trees of the apps on this desktop (the caller closes it)."""
     def kill_group(self, proc: subprocess.Popen) -> None:
         """Kill a spawned program and everything it started."""

@@ -9,7 +9,7 @@ memory; `reset()` reverts to it in seconds instead of booting again.
 Observation: `virDomainScreenshot` (a PNG or PPM stream), decoded with Pillow. Input: `virDomainSendKey`
 with Linux keycodes for keys and typing, and QMP `input-send-event` (absolute axes on the domain's USB
 tablet, buttons, the wheel, held keys) through `qemuMonitorCommand`. App state: the QEMU guest agent
-(`guest-exec`, `guest-file-*`).
+(`guest-exec`, `guest-file-*`); accessibility trees by running coda_env/a11y.py in the guest (`GuestA11y`).
 
 No orphans: `stop()` destroys and undefines the domain and deletes its overlay; so do garbage collection,
 atexit, and a watchdog process that notices its parent's death (its stdin pipe closes) and removes the
@@ -41,8 +41,11 @@ from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
+from .. import a11y as a11y_module
+from ..a11y import A11yError, Node
 from ..actions import Action
 from .base import DesktopError, Window
+from .osworld import OSWorldGuest
 
 # --------------------------------------------------------------------------------------------- errors
 
@@ -142,11 +145,19 @@ class LibvirtConfig:
                                         # TCG); "libvirt": virDomainRevertToSnapshot, which in libvirt 9
                                         # restarts QEMU with -loadvm (4-10 s). loadvm falls back to libvirt.
     agent_timeout: float = 10.0         # one guest agent command
+    app_timeout: float = 300.0          # an app's start in the guest (CodaEnv's ready_timeout): 30 s under TCG
     wait_for_agent: bool = True         # False only for drivers without an agent (libvirt's test driver)
     ready_command: tuple[str, ...] = ("wmctrl", "-m")  # succeeds once the window manager is up
     guest_env: dict[str, str] = field(default_factory=lambda: {
         "DISPLAY": ":0", "HOME": "/root", "PATH": GUEST_PATH, "XDG_RUNTIME_DIR": "/run/user/0",
-        "LANG": "C.UTF-8"})
+        "LANG": "C.UTF-8", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/coda/bus",  # vm_images/guest/xinitrc
+        "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1", "QT_ACCESSIBILITY": "1", "GTK_MODULES": "gail:atk-bridge"})
+    a11y: bool = True                   # before the snapshot: copy a11y.py in and wait for the AT-SPI bus
+    guest: str = "agent"                # how commands and files reach the guest: "agent" (the QEMU guest
+                                        # agent, our image) or "http" (an OSWorld-style server, e.g.
+                                        # ScienceBoard's image; coda_env/backends/osworld.py)
+    guest_url: str | None = None        # "http": the server's URL; None: the domain's DHCP lease + guest_port
+    guest_port: int = 5000
     resize: bool = True                 # resize screenshots of another size (else DesktopError)
     key_hold_ms: int = 10               # how long sendKey holds a chord (QEMU's default is 100 ms)
     native_hscroll: bool = False        # QMP wheel-left/right (QEMU >= 8.1); else shift + wheel
@@ -410,6 +421,7 @@ class GuestProcess:
         self.pid = pid
         self.args = list(args)
         self.returncode: int | None = None
+        self.in_snapshot = False  # running when the current snapshot was saved: a revert brings it back
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -458,19 +470,62 @@ def _backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:
         pause = min(pause * 2, most)
 
 
-class _GuestEnv(dict):
-    """The guest programs' environment, as `LocalDesktop.env` is for local ones.
+GUEST_A11Y = "/run/coda/a11y.py"  # where start() copies coda_env/a11y.py into the guest
 
-    App adapters look up DBUS_SESSION_BUS_ADDRESS here to read state over AT-SPI; the guest's bus is not
-    reachable from the host yet, so that lookup says so instead of answering None."""
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        if key == "DBUS_SESSION_BUS_ADDRESS" and key not in self:
-            raise NotImplementedError(
-                "the libvirt backend cannot read app state over accessibility yet: the guest's D-Bus "
-                "session (AT-SPI) is not forwarded to the host (missing: a virtio-serial or vsock channel "
-                "to the guest's bus, or an in-guest a11y reader run through the guest agent)")
-        return super().get(key, default)
+class GuestA11y:
+    """The apps' accessibility trees in the guest: each read runs coda_env/a11y.py there (through the guest
+    agent, or the "http" transport), which prints the app's tree as JSON, with the states and extents of
+    the nodes whose roles the caller names (`details_roles`).
+
+    Why not a D-Bus connection from the host: the guest's AT-SPI bus is a unix socket inside the VM. A
+    channel to it (virtio-serial) would carry one D-Bus connection whose state a snapshot revert rewinds;
+    one stateless command per read survives reverts, and a read is one round trip either way. States and
+    extents are those of the moment of the read (the local client asks live)."""
+
+    def __init__(self, desktop: "LibvirtDesktop", address: str, timeout: float = 30.0):
+        self.desktop, self.address, self.timeout = desktop, address, timeout
+
+    def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
+                 details_roles: frozenset[str] = frozenset()) -> Node | None:
+        argv = ["python3", GUEST_A11Y, "tree", self.address, name]
+        for role in sorted(skip_roles):
+            argv += ["--skip", role]
+        for role in sorted(details_roles):
+            argv += ["--details", role]
+        if texts:
+            argv.append("--texts")
+        try:
+            p = self.desktop.run(argv, timeout=self.timeout)
+        except FileNotFoundError:
+            raise A11yError("python3 is not installed in the guest image (vm_images/build.sh installs it with "
+                            "python3-jeepney)") from None
+        except subprocess.TimeoutExpired:
+            raise A11yError(f"reading {name}'s accessibility tree in the guest took over {self.timeout:.0f}s"
+                            ) from None
+        if p.returncode != 0:
+            raise A11yError(f"the guest's a11y reader failed (exit {p.returncode}): "
+                            f"{p.stderr.decode(errors='replace').strip()[-400:]}")
+        try:
+            data = json.loads(p.stdout)
+        except ValueError as e:
+            raise A11yError(f"the guest's a11y reader printed no JSON tree ({e})") from None
+        return Node.from_dict(data) if data is not None else None
+
+    def states(self, node: Node) -> set[str]:
+        if node.states is None:
+            raise A11yError(f"the states of {node.role} {node.name!r} were not read: pass its role in "
+                            f"app_tree's details_roles")
+        return set(node.states)
+
+    def extents(self, node: Node) -> tuple[int, int, int, int] | None:
+        if node.states is None:  # read together with the states
+            raise A11yError(f"the extents of {node.role} {node.name!r} were not read: pass its role in "
+                            f"app_tree's details_roles")
+        return node.extents
+
+    def close(self) -> None:
+        pass
 
 
 class LibvirtDesktop:
@@ -480,14 +535,19 @@ class LibvirtDesktop:
     def __init__(self, config: LibvirtConfig | None = None):
         self.config = config or LibvirtConfig()
         self.width, self.height = self.config.width, self.config.height
+        self.app_timeout = self.config.app_timeout
         self._lv, self._lvq = _libvirt()
         self.name: str | None = None
         self.volume: str | None = None
-        self.env: dict[str, str] = _GuestEnv(self.config.guest_env)
+        self.env: dict[str, str] = dict(self.config.guest_env)
         self.app_home = self.config.guest_env.get("HOME", "/root")
         self._conn: Any = None
         self._dom: Any = None
         self._snapshot: Any = None
+        self._procs: weakref.WeakSet[Any] = weakref.WeakSet()  # spawned, for reset's bookkeeping
+        if self.config.guest not in ("agent", "http"):
+            raise ValueError(f"guest must be 'agent' or 'http', not {self.config.guest!r}")
+        self._http: OSWorldGuest | None = None  # the "http" transport, once its URL is known
         self._pointer = (0, 0)
         self._snapshot_pointer = (0, 0)
         self._watchdog: subprocess.Popen | None = None
@@ -516,7 +576,10 @@ class LibvirtDesktop:
             t0 = time.monotonic()
             self._dom = self._boot(self.domain_xml(overlay))
             self.timings = {"boot": time.monotonic() - t0}
-            self._wait_ready(time.monotonic() + self.config.boot_timeout)
+            deadline = time.monotonic() + self.config.boot_timeout
+            self._wait_ready(deadline)
+            if self.config.a11y and self.config.wait_for_agent:
+                self._prepare_a11y(deadline)
             t1 = time.monotonic()
             self._save_snapshot()
             self.timings["snapshot"] = time.monotonic() - t1
@@ -534,11 +597,13 @@ class LibvirtDesktop:
             try:
                 self._dom.revertToSnapshot(self._snapshot, self._lv.VIR_DOMAIN_SNAPSHOT_REVERT_RUNNING)
             except self._lv.libvirtError as e:
-                raise DesktopError(f"cannot revert domain {self.name} to snapshot {self.config.snapshot!r}: "
+                raise DesktopError(f"cannot revert domain {self.name} to snapshot {self._snapshot.getName()!r}: "
                                    f"{e}") from None
         self._pointer = self._snapshot_pointer
+        for proc in self._procs:  # the guest's processes are those of the snapshot again
+            proc.returncode = None if proc.in_snapshot else -signal.SIGKILL
         if self.config.wait_for_agent:  # the agent's channel reconnects after a revert
-            self._wait_agent(time.monotonic() + self.config.revert_timeout)
+            self._wait_guest(time.monotonic() + self.config.revert_timeout)
         self.timings["revert"] = time.monotonic() - t0
 
     def _loadvm(self) -> bool:
@@ -549,7 +614,7 @@ class LibvirtDesktop:
         if not self.alive():
             return False
         cmd = json.dumps({"execute": "human-monitor-command",
-                          "arguments": {"command-line": f"loadvm {self.config.snapshot}"}})
+                          "arguments": {"command-line": f"loadvm {self._snapshot.getName()}"}})
         try:
             reply = json.loads(self._lvq.qemuMonitorCommand(self._dom, cmd, 0))
         except (self._lv.libvirtError, ValueError):
@@ -567,6 +632,11 @@ class LibvirtDesktop:
                 pass
         self._conn = self._dom = self._snapshot = None
         self._watchdog = None
+        self._http = None
+        for proc in self._procs:  # they went with the VM
+            if proc.returncode is None:
+                proc.returncode = -signal.SIGKILL
+        self._procs.clear()
 
     close = stop
 
@@ -693,7 +763,7 @@ class LibvirtDesktop:
         if not self.config.wait_for_agent:
             return
         t0 = time.monotonic()
-        self._wait_agent(deadline)
+        self._wait_guest(deadline)
         self.timings["agent"] = time.monotonic() - t0
         if self.config.ready_command:
             last = ""
@@ -715,6 +785,35 @@ class LibvirtDesktop:
                         f"({last.strip()}); check the image's auto-login X session")
                 time.sleep(pause)
 
+    def _wait_guest(self, deadline: float) -> None:
+        if self.config.guest == "agent":
+            return self._wait_agent(deadline)
+        for pause in _backoff(0.2, 2.0):
+            self._boot_failed()
+            if self._http is None:
+                url = self.config.guest_url or self._lease_url()
+                self._http = OSWorldGuest(url, self.config.agent_timeout) if url else None
+            if self._http is not None and self._http.ping():
+                return
+            if time.monotonic() + pause > deadline:
+                where = self._http.url if self._http else "no DHCP lease of the domain yet"
+                raise GuestAgentError(
+                    f"the HTTP server in {self.name} did not answer ({where}): the image must run an "
+                    f"OSWorld-style server on port {self.config.guest_port}, and the domain XML needs a network "
+                    f"interface (vm_images/scienceboard.xml.in) or pass guest_url")
+            time.sleep(pause)
+
+    def _lease_url(self) -> str | None:
+        try:
+            addrs = self._dom.interfaceAddresses(self._lv.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, 0)
+        except self._lv.libvirtError:
+            return None
+        for iface in (addrs or {}).values():
+            for a in iface.get("addrs") or ():
+                if a.get("type") == self._lv.VIR_IP_ADDR_TYPE_IPV4:
+                    return f"http://{a['addr']}:{self.config.guest_port}"
+        return None
+
     def _wait_agent(self, deadline: float) -> None:
         """Poll guest-ping until the agent answers; fail fast when this driver has no agent at all."""
         lv = self._lv
@@ -734,15 +833,70 @@ class LibvirtDesktop:
                     f"image and keep the org.qemu.guest_agent.0 channel in the domain XML") from None
             time.sleep(pause)
 
-    def _save_snapshot(self) -> None:
-        """Save the ready state once, memory included (an internal qcow2 snapshot of the overlay)."""
-        xml = (f"<domainsnapshot><name>{escape(self.config.snapshot)}</name>"
-               f"<description>coda: desktop ready</description></domainsnapshot>")
+    def _prepare_a11y(self, deadline: float) -> None:
+        """Copy coda_env/a11y.py into the guest and poll it until the guest's AT-SPI bus answers (which also
+        activates AT-SPI's registry, so an app started later registers at once). Part of the snapshot."""
+        t0 = time.monotonic()
+        self.write_file(GUEST_A11Y, Path(a11y_module.__file__).read_bytes())
+        address = self._bus_address() or ""
+        last = ""
+        for pause in _backoff(0.1, 1.0):
+            try:
+                p = self.run(["python3", GUEST_A11Y, "apps", address], timeout=60)
+            except FileNotFoundError:
+                raise DomainBootError("the guest image has no python3, which reading app state needs: rebuild "
+                                      "it with `make vm-image`, or pass a11y=False") from None
+            if p.returncode == 0:
+                self.timings["a11y"] = time.monotonic() - t0
+                return
+            last = p.stderr.decode(errors="replace").strip()[-300:]
+            if "ModuleNotFoundError" in last or time.monotonic() + pause > deadline:
+                raise DomainBootError(
+                    f"the accessibility bus in {self.name} did not come up ({last}): the image needs "
+                    f"python3-jeepney and an AT-SPI bus at {address} (vm_images/guest/xinitrc); rebuild it with "
+                    f"`make vm-image`, or pass a11y=False")
+            time.sleep(pause)
+
+    def _bus_address(self) -> str | None:
+        """The guest session's bus: fixed in our image; the server's own session ("-") over "http"."""
+        if self.config.guest == "http":
+            return "-"
+        return self.config.guest_env.get("DBUS_SESSION_BUS_ADDRESS")
+
+    def a11y(self) -> GuestA11y:
+        """The apps' accessibility trees, read in the guest (see `GuestA11y`)."""
+        address = self._bus_address()
+        if not address:
+            raise DesktopError("guest_env has no DBUS_SESSION_BUS_ADDRESS: the guest's accessibility bus is "
+                               "unknown (the image's xinitrc puts it at unix:path=/run/coda/bus)")
+        return GuestA11y(self, address)
+
+    def _save_snapshot(self, name: str | None = None, description: str = "desktop ready") -> None:
+        """Save the current state, memory included (an internal qcow2 snapshot of the overlay), as the one
+        `reset` reverts to."""
+        name = name or self.config.snapshot
+        xml = (f"<domainsnapshot><name>{escape(name)}</name>"
+               f"<description>coda: {escape(description)}</description></domainsnapshot>")
         try:
             self._snapshot = self._dom.snapshotCreateXML(xml, 0)
         except self._lv.libvirtError as e:
-            raise DomainBootError(f"cannot save the ready snapshot of {self.name}: {e}") from None
+            raise DomainBootError(f"cannot save the snapshot {name!r} of {self.name}: {e}") from None
         self._snapshot_pointer = self._pointer
+        for proc in self._procs:
+            proc.in_snapshot = proc.returncode is None
+
+    def checkpoint(self, label: str) -> None:
+        """Save the state now (the env calls it once its app is up and ready) as the snapshot that `reset`
+        reverts to from then on: a reset then brings the app back ready instead of starting it again."""
+        self._check()
+        t0 = time.monotonic()
+        name = f"{self.config.snapshot}-{label}"
+        try:
+            self._dom.snapshotLookupByName(name, 0).delete(0)  # an earlier checkpoint of this label
+        except self._lv.libvirtError:
+            pass
+        self._save_snapshot(name, f"{label} ready")
+        self.timings["checkpoint"] = time.monotonic() - t0
 
     # ----------------------------------------------------------------------------- observation
     def screenshot(self) -> np.ndarray:
@@ -840,6 +994,8 @@ class LibvirtDesktop:
     def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
         """Run a command in the guest to completion, with its output (like subprocess.run)."""
         self._check()
+        if self._http is not None:
+            return self._http.run(argv, timeout=timeout)
         pid = self._exec(argv, None, True)
         deadline = time.monotonic() + timeout
         for pause in _backoff():
@@ -866,7 +1022,13 @@ class LibvirtDesktop:
         script = ('d=$1; l=$2; shift 2; mkdir -p "$d" && cd "$d" || exit 126; '
                   'if [ -n "$l" ]; then exec "$@" >>"$l" 2>&1; else exec "$@" >/dev/null 2>&1; fi')
         wrapped = ["setsid", "sh", "-c", script, "sh", cwd or "/", log or "", *argv]
-        return GuestProcess(self, self._exec(wrapped, env, False), argv)
+        if self._http is not None:  # the server's own environment is the session's; add the toolkits' switches
+            switches = {k: v for k, v in self.config.guest_env.items() if k.startswith("QT_") or k == "GTK_MODULES"}
+            proc: Any = self._http.spawn(argv, {**switches, **(env or {})}, cwd, log)
+        else:
+            proc = GuestProcess(self, self._exec(wrapped, env, False), argv)
+        self._procs.add(proc)
+        return proc
 
     def kill_group(self, proc: Any) -> None:
         """Kill a spawned program's whole process group in the guest."""
@@ -880,6 +1042,8 @@ class LibvirtDesktop:
 
     def read_file(self, path: str) -> bytes:
         self._check()
+        if self._http is not None:
+            return self._http.read_file(path)
         handle = self._file_open(path, "r")
         chunks: list[bytes] = []
         try:
@@ -894,6 +1058,8 @@ class LibvirtDesktop:
 
     def write_file(self, path: str, data: bytes) -> None:
         self._check()
+        if self._http is not None:
+            return self._http.write_file(path, data)
         parent = os.path.dirname(path)
         if parent:
             self.run(["mkdir", "-p", parent], timeout=10)

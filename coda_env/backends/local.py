@@ -23,12 +23,15 @@ import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..actions import Action
 from .base import DesktopError, Window
+
+if TYPE_CHECKING:
+    from ..a11y import A11yClient
 
 TOKEN_VAR = "CODA_DESKTOP_TOKEN"
 
@@ -509,6 +512,14 @@ class LocalDesktop:
     def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
         self._check()
         return subprocess.run(list(argv), env=self.env, capture_output=True, timeout=timeout)
+
+    def a11y(self) -> "A11yClient":
+        """A connection to this desktop's AT-SPI bus (the caller closes it)."""
+        from ..a11y import A11yClient
+        address = self.env.get("DBUS_SESSION_BUS_ADDRESS")
+        if not address:
+            raise DesktopError("this desktop is not started: it has no accessibility bus yet")
+        return A11yClient(address)
 
     def read_file(self, path: str) -> bytes:
         return Path(path).read_bytes()
