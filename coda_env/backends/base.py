@@ -5,7 +5,10 @@ the desktop only through this protocol, so the same app adapter and task run on 
 """
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
@@ -56,3 +59,44 @@ class Desktop(Protocol):
         """Read access to the accessibility trees of the apps on this desktop (the caller closes it)."""
     def kill_group(self, proc: subprocess.Popen) -> None:
         """Kill a spawned program and everything it started."""
+
+
+def backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:
+    """Growing pauses for polling: quick answers stay quick, slow ones cost few round trips."""
+    pause = first
+    while True:
+        yield pause
+        pause = min(pause * 2, most)
+
+
+class PolledProcess:
+    """Popen-like handle of a program in a VM guest, whose state is asked for (`poll`) over some channel.
+
+    Subclasses say how to poll and signal it; `in_snapshot` is what a snapshot revert brings back."""
+
+    def __init__(self, pid: int, args: Sequence[str]):
+        self.pid, self.args = pid, list(args)
+        self.returncode: int | None = None
+        self.in_snapshot = False  # running when the current snapshot was saved: a revert brings it back
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def send_signal(self, sig: int) -> None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for pause in backoff():
+            if self.poll() is not None:
+                return self.returncode  # type: ignore[return-value]
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)

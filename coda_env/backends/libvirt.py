@@ -30,7 +30,7 @@ import sys
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
@@ -44,7 +44,7 @@ import numpy as np
 from .. import a11y as a11y_module
 from ..a11y import A11yError, Node
 from ..actions import Action
-from .base import DesktopError, Window
+from .base import DesktopError, PolledProcess, Window, backoff
 from .osworld import OSWorldGuest
 
 # --------------------------------------------------------------------------------------------- errors
@@ -411,17 +411,14 @@ def _cleanup(uri: str, name: str, pool: str | None, volume: str | None,
 # ------------------------------------------------------------------------------------ the desktop
 
 
-class GuestProcess:
-    """Popen-like handle of a program that the guest agent started (its pid is the guest's).
+class GuestProcess(PolledProcess):
+    """A program that the guest agent started (its pid is the guest's).
 
     `spawn` runs it under `setsid`, so the pid is also its process group (what `kill_group` kills)."""
 
     def __init__(self, desktop: LibvirtDesktop, pid: int, args: Sequence[str]):
+        super().__init__(pid, args)
         self._desktop = desktop
-        self.pid = pid
-        self.args = list(args)
-        self.returncode: int | None = None
-        self.in_snapshot = False  # running when the current snapshot was saved: a revert brings it back
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -435,39 +432,15 @@ class GuestProcess:
                 self.returncode = _returncode(status)
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for pause in _backoff():
-            if self.poll() is not None:
-                return self.returncode  # type: ignore[return-value]
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            time.sleep(pause)
-        raise AssertionError("unreachable")
-
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
             self._desktop.run(["kill", f"-{int(sig)}", str(self.pid)], timeout=10)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def _returncode(status: Mapping[str, Any]) -> int:
     if "exitcode" in status:
         return int(status["exitcode"])
     return -int(status.get("signal", 1))
-
-
-def _backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:
-    """Growing pauses for polling: quick answers stay quick, slow ones cost few round trips."""
-    pause = first
-    while True:
-        yield pause
-        pause = min(pause * 2, most)
 
 
 GUEST_A11Y = "/run/coda/a11y.py"  # where start() copies coda_env/a11y.py into the guest
@@ -767,7 +740,7 @@ class LibvirtDesktop:
         self.timings["agent"] = time.monotonic() - t0
         if self.config.ready_command:
             last = ""
-            for pause in _backoff(0.2, 2.0):
+            for pause in backoff(0.2, 2.0):
                 self._boot_failed()
                 left = deadline - time.monotonic()
                 try:
@@ -788,7 +761,7 @@ class LibvirtDesktop:
     def _wait_guest(self, deadline: float) -> None:
         if self.config.guest == "agent":
             return self._wait_agent(deadline)
-        for pause in _backoff(0.2, 2.0):
+        for pause in backoff(0.2, 2.0):
             self._boot_failed()
             if self._http is None:
                 url = self.config.guest_url or self._lease_url()
@@ -817,7 +790,7 @@ class LibvirtDesktop:
     def _wait_agent(self, deadline: float) -> None:
         """Poll guest-ping until the agent answers; fail fast when this driver has no agent at all."""
         lv = self._lv
-        for pause in _backoff(0.1, 2.0):
+        for pause in backoff(0.1, 2.0):
             self._boot_failed()
             try:
                 self._agent("guest-ping", timeout=5)
@@ -840,7 +813,7 @@ class LibvirtDesktop:
         self.write_file(GUEST_A11Y, Path(a11y_module.__file__).read_bytes())
         address = self._bus_address() or ""
         last = ""
-        for pause in _backoff(0.1, 1.0):
+        for pause in backoff(0.1, 1.0):
             try:
                 p = self.run(["python3", GUEST_A11Y, "apps", address], timeout=60)
             except FileNotFoundError:
@@ -998,7 +971,7 @@ class LibvirtDesktop:
             return self._http.run(argv, timeout=timeout)
         pid = self._exec(argv, None, True)
         deadline = time.monotonic() + timeout
-        for pause in _backoff():
+        for pause in backoff():
             status = self._exec_status(pid)
             if status.get("exited"):
                 out = base64.b64decode(status.get("out-data", ""))

@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from .base import DesktopError
+from .base import DesktopError, PolledProcess
 
 
 class GuestServerError(DesktopError):
@@ -136,13 +135,12 @@ class OSWorldGuest:
         return HttpProcess(self, pid, argv)
 
 
-class HttpProcess:
-    """Popen-like handle of a program that `OSWorldGuest.spawn` started (pid = its process group)."""
+class HttpProcess(PolledProcess):
+    """A program that `OSWorldGuest.spawn` started (pid = its process group)."""
 
     def __init__(self, guest: OSWorldGuest, pid: int, args: Sequence[str]):
-        self._guest, self.pid, self.args = guest, pid, list(args)
-        self.returncode: int | None = None
-        self.in_snapshot = False
+        super().__init__(pid, args)
+        self._guest = guest
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -161,29 +159,6 @@ class HttpProcess:
                     self.returncode = -1
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for pause in _backoff():
-            if self.poll() is not None:
-                return self.returncode  # type: ignore[return-value]
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            time.sleep(pause)
-        raise AssertionError("unreachable")
-
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
             self._guest.run(["kill", f"-{int(sig)}", "--", f"-{self.pid}"], timeout=10)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def _backoff(first: float = 0.02, most: float = 0.5) -> Iterator[float]:
-    pause = first
-    while True:
-        yield pause
-        pause = min(pause * 2, most)
