@@ -186,12 +186,14 @@ class CodaEnv(gym.Env):
             self._profile = tempfile.mkdtemp(prefix=f"coda-{self.app_name}-")
             self.desktop.app_home = self._profile
             self._proc = self.app.launch(self.desktop, self._profile)
-        deadline = time.monotonic() + self.ready_timeout
-        # after a revert to the app's snapshot the app is as it was when ready() passed: only check it runs
-        while not (self.app.ready(self.desktop) if not self._app_saved else self._check_app() is None):
-            if time.monotonic() > deadline:
-                raise AppError(f"{self.app_name} did not become ready within {self.ready_timeout}s")
-            time.sleep(0.01)
+        if self._app_saved:  # reverted to the app's snapshot: it is as it was when ready() passed
+            self._check_app()
+        else:
+            deadline = time.monotonic() + self.ready_timeout
+            while not self.app.ready(self.desktop):
+                if time.monotonic() > deadline:
+                    raise AppError(f"{self.app_name} did not become ready within {self.ready_timeout}s")
+                time.sleep(0.01)
         if snapshots and not self._app_saved:
             self.desktop.checkpoint(self.app_name)
             self._app_saved = True
