@@ -170,15 +170,21 @@ class CodaEnv(gym.Env):
         # A desktop with snapshots (a VM) saves one once the app is up (`checkpoint`); every later reset
         # reverts to it, and the app comes back running and ready. Any other desktop restarts the app.
         snapshots = hasattr(self.desktop, "checkpoint")
+        reverted = False
         if snapshots and self._app_saved and self.desktop.alive():
             self.app.close()  # connections only: the app itself is part of the snapshot
-            self.desktop.reset()
-        else:
+            try:
+                self.desktop.reset()
+                self._check_app()
+                reverted = True
+            except (DesktopError, AppError):  # a failed revert: boot afresh below instead of retrying it
+                self.desktop.stop()
+        if not reverted:
             self._stop_app()
             self._app_saved = False
             if not self.desktop.alive():
                 self.desktop.start()
-            elif hasattr(self.desktop, "reset"):  # back to the desktop's own ready snapshot
+            elif hasattr(self.desktop, "reset"):  # a snapshot desktop before its app checkpoint
                 self.desktop.reset()
         timings["desktop"] = time.monotonic() - t0
         t1 = time.monotonic()
@@ -186,9 +192,7 @@ class CodaEnv(gym.Env):
             self._profile = tempfile.mkdtemp(prefix=f"coda-{self.app_name}-")
             self.desktop.app_home = self._profile
             self._proc = self.app.launch(self.desktop, self._profile)
-        if self._app_saved:  # reverted to the app's snapshot: it is as it was when ready() passed
-            self._check_app()
-        else:
+        if not self._app_saved:  # (after a revert to the app's snapshot it is as it was when ready() passed)
             deadline = time.monotonic() + self.ready_timeout
             while not self.app.ready(self.desktop):
                 if time.monotonic() > deadline:

@@ -63,7 +63,15 @@ class OSWorldGuest:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
-        except (urllib.error.URLError, OSError) as e:
+        except TimeoutError:
+            raise
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, TimeoutError):
+                raise TimeoutError(str(e.reason)) from None
+            raise GuestServerError(f"the guest's HTTP server at {self.url} did not answer {method} {path}: "
+                                   f"{e.reason} (is the VM up, its network on, and the server running on "
+                                   f"that port?)") from None
+        except OSError as e:
             raise GuestServerError(f"the guest's HTTP server at {self.url} did not answer {method} {path}: "
                                    f"{getattr(e, 'reason', e)} (is the VM up, its network on, and the "
                                    f"server running on that port?)") from None
@@ -71,7 +79,7 @@ class OSWorldGuest:
     def ping(self) -> bool:
         try:
             status, _ = self._request("GET", "/platform", timeout=5)
-        except GuestServerError:
+        except (GuestServerError, TimeoutError):
             return False
         return status == 200
 
@@ -79,7 +87,10 @@ class OSWorldGuest:
             timeout: float = 30.0) -> subprocess.CompletedProcess:
         command = (["env", *(f"{k}={v}" for k, v in env.items())] if env else []) + [str(a) for a in argv]
         body = json.dumps({"command": command, "shell": False}).encode()
-        status, data = self._request("POST", "/execute", body, "application/json", timeout=timeout + 5)
+        try:
+            status, data = self._request("POST", "/execute", body, "application/json", timeout=timeout + 5)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(list(argv), timeout) from None
         try:
             reply = json.loads(data)
         except ValueError:
@@ -117,37 +128,39 @@ class OSWorldGuest:
     def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
               log: str | None) -> "HttpProcess":
         """Start a program in a session of its own; its shell writes the exit status for `poll`."""
-        script = ('d=$1; l=$2; x=$3; shift 3; mkdir -p "$d" && cd "$d" || exit 126; '
-                  'if [ -n "$l" ]; then "$@" >>"$l" 2>&1; else "$@" >/dev/null 2>&1; fi; '
-                  'echo $? > "$x/$$"')
+        script = ('d=$1; l=$2; x=$3; shift 3; if mkdir -p "$d" && cd "$d"; then '
+                  'if [ -n "$l" ]; then "$@" >>"$l" 2>&1; else "$@" >/dev/null 2>&1; fi; c=$?; else c=126; fi; '
+                  'echo $c > "$x.tmp" && mv "$x.tmp" "$x"')  # written whole: poll never reads half of it
         # sh -c LAUNCHER SCRIPT EXIT_DIR CWD LOG EXIT_DIR ARGV...: the launcher starts SCRIPT under setsid in
         # the background and prints its pid (= its process group: setsid does not fork in a background job).
         launcher = 's=$0; mkdir -p "$1"; shift; setsid sh -c "$s" sh "$@" </dev/null >/dev/null 2>&1 & echo $!'
         env_args = [f"{k}={v}" for k, v in (env or {}).items()]
+        status = f"{self.EXIT_DIR}/{uuid.uuid4().hex}"  # one file per spawn: pids get reused
         command = ["env", *env_args, "sh", "-c", launcher, script, self.EXIT_DIR, cwd or "/", log or "",
-                   self.EXIT_DIR, *[str(a) for a in argv]]
+                   status, *[str(a) for a in argv]]
         p = self.run(command, timeout=30)
         try:
             pid = int(p.stdout.decode().split()[-1])
         except (ValueError, IndexError):
             raise GuestServerError(f"starting {list(argv)[:3]} in the guest printed no pid: "
                                    f"{(p.stdout + p.stderr)[-200:]!r}") from None
-        return HttpProcess(self, pid, argv)
+        return HttpProcess(self, pid, argv, status)
 
 
 class HttpProcess(PolledProcess):
     """A program that `OSWorldGuest.spawn` started (pid = its process group)."""
 
-    def __init__(self, guest: OSWorldGuest, pid: int, args: Sequence[str]):
+    def __init__(self, guest: OSWorldGuest, pid: int, args: Sequence[str], status_file: str):
         super().__init__(pid, args)
-        self._guest = guest
+        self._guest, self._status_file = guest, status_file
 
     def poll(self) -> int | None:
         if self.returncode is None:
             try:
-                code = self._guest.run(["sh", "-c", 'cat "$0" 2>/dev/null || { kill -0 "$1" 2>/dev/null && '
-                                        'echo running; } || echo gone', f"{OSWorldGuest.EXIT_DIR}/{self.pid}",
-                                        str(self.pid)], timeout=10).stdout.decode().strip()
+                # alive first, then the status: a program that exits in between is read on the next poll
+                code = self._guest.run(["sh", "-c", 'kill -0 "$1" 2>/dev/null && echo running || cat "$0" '
+                                        '2>/dev/null || echo gone', self._status_file, str(self.pid)],
+                                       timeout=10).stdout.decode().strip()
             except (GuestServerError, subprocess.TimeoutExpired):
                 return None
             if code == "gone":
