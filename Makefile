@@ -35,7 +35,7 @@ vm-bench: setup vm-setup
 	nice -n 10 .venv/bin/python benchmarks/libvirt_latency.py --image $(VM_IMAGE) --app kalgebra
 	nice -n 10 .venv/bin/python benchmarks/libvirt_latency.py --image $(VM_IMAGE) --env calc_power --resets 5 --steps 10
 
-# What CI runs after `make test`: the image (built when missing, about 6.5 min here), then the `vm` suite.
+# What CI runs after `make test`: the image (built when missing, 2-6 min here), then the `vm` suite.
 vm-ci:
 	[ -f $(VM_IMAGE) ] || $(MAKE) vm-image
 	$(MAKE) vm-test

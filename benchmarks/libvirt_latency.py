@@ -1,6 +1,7 @@
 """Latency of the libvirt backend on a real VM (the image from `make vm-image`).
 
-Boots one LibvirtDesktop (qemu:///system; domain type qemu = TCG unless --domain-type kvm) and prints:
+Prints the image's build time and size (vm_images/build.sh records them in build-info.json beside it), then
+boots one LibvirtDesktop (qemu:///system; domain type qemu = TCG unless --domain-type kvm) and prints:
 boot-to-ready (domain start -> guest agent ping -> `wmctrl -m` passing in the guest, i.e. X and openbox up),
 the ready snapshot's save time, reset (snapshot revert until the agent answers) p50, screenshot p50
 (virDomainScreenshot + PNG/PPM decode) and step p50 (one input action + one screenshot). Optionally starts
@@ -19,6 +20,7 @@ Usage: python benchmarks/libvirt_latency.py --image vm_images/build/coda-debian1
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -55,6 +57,7 @@ def main() -> None:
 
     image = os.path.abspath(args.image)
     xml = args.domain_xml or os.path.join(os.path.dirname(image), "domain.xml")
+    print_build_info(image)
     if args.env:
         return env_figures(args, image, xml)
     cfg = LibvirtConfig(uri=args.uri, base_image=image, domain_xml=xml, domain_type=args.domain_type,
@@ -138,6 +141,19 @@ def main() -> None:
             print(f"saved {args.png}")
     finally:
         d.stop()
+
+
+def print_build_info(image: str) -> None:
+    """The image's build time and size, as vm_images/build.sh recorded them beside it."""
+    path = os.path.join(os.path.dirname(image), "build-info.json")
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        print(f"image build        (no {path}: the image was not built by vm_images/build.sh)")
+        return
+    print(f"image build        {info['seconds'] / 60:7.1f} min, {info['image_bytes'] / 2**30:.2f} GiB qcow2 "
+          f"(apps: {info['apps']}; built {info['built']})")
 
 
 def env_figures(args: argparse.Namespace, image: str, xml: str) -> None:

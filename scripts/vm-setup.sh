@@ -18,6 +18,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The vm suite's stand-in for a remote libvirt host is a private sshd on 127.0.0.1 that the test starts and
+# ends itself (tests/test_libvirt.py, loopback_ssh_uri): only the binary is wanted, so the package's own ssh
+# service is kept from starting on port 22 while it installs (policy-rc.d), unless one was already there.
+if ! dpkg-query -W -f='${Status}' openssh-server 2>/dev/null | grep -q "install ok installed"; then
+  echo "vm-setup: installing openssh-server (its sshd binary, for the qemu+ssh:// test)"
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && own_policy=1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null || rc=$?
+  [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
+  [ -z "${rc:-}" ] || exit "$rc"
+fi
+
 # Without udev (containers) /dev/kvm stays root:root 0600. libvirt probes QEMU's capabilities as root (KVM
 # found), then checks that its QEMU user (libvirt-qemu, in group kvm) can open /dev/kvm, finds it cannot,
 # declares the probe stale and probes again, forever: every domain define hangs. Give /dev/kvm the owner and

@@ -419,9 +419,9 @@ def test_pointer_input_needs_the_qemu_monitor(desktop):
 
 
 def test_cannot_connect_says_how_to_start_libvirtd():
-    d = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu:///system", base_image="/x.qcow2"))
-    if os.path.exists("/var/run/libvirt/libvirt-sock"):
-        pytest.skip("a libvirt daemon runs here")
+    # A local URI with no daemon behind it, whether or not one runs here (socket= names the daemon's socket).
+    d = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu:///system?socket=/nonexistent/libvirt-sock",
+                                             base_image="/x.qcow2"))
     with pytest.raises(lvb.LibvirtConnectError, match=r"libvirtd -d.*uri"):
         d.start()
     assert not d.alive()
@@ -670,6 +670,42 @@ def test_real_vm_round_trip():
         d.stop()
 
 
+VM_CHILD = """
+import sys
+from coda_env.backends import libvirt as lvb
+d = lvb.LibvirtDesktop(lvb.LibvirtConfig(base_image=sys.argv[1], domain_xml=sys.argv[2] or None, pool=sys.argv[3],
+                                         overlay_dir=sys.argv[4], wait_for_agent=False))
+d.start()
+print(d.name, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.vm
+def test_vm_of_a_killed_parent_is_removed():
+    """SIGKILL the process that owns a running VM: its watchdog destroys the domain and deletes the overlay."""
+    image, xml = _vm_image()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    child = subprocess.Popen([sys.executable, "-c", VM_CHILD, image, xml or "", VM_OPTIONS["pool"],
+                              VM_OPTIONS["overlay_dir"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    conn = libvirt.open("qemu:///system")
+    try:
+        name = child.stdout.readline().decode().strip()
+        assert name.startswith("coda-"), name
+        assert conn.lookupByName(name).isActive()
+        pool = conn.storagePoolLookupByName(VM_OPTIONS["pool"])
+        assert f"{name}.qcow2" in pool.listVolumes()
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        assert wait_until(lambda: name not in [d.name() for d in conn.listAllDomains()], 60), "domain left"
+        pool.refresh(0)
+        assert f"{name}.qcow2" not in pool.listVolumes()
+    finally:
+        child.kill()
+        child.wait()
+        conn.close()
+
+
 def _remote_pools(uri: str, image: str) -> dict:
     """For a remote URI the base must be in one of that host's storage pools, and the overlays need a pool:
     both made there through the connection (here the "remote" host is this one, reached over ssh)."""
@@ -684,28 +720,73 @@ def _remote_pools(uri: str, image: str) -> dict:
                     pass
             try:
                 pool = conn.storagePoolLookupByName(name)
-            except libvirt.libvirtError:
-                os.makedirs(path, exist_ok=True)
+            except libvirt.libvirtError:  # WITH_BUILD makes the folder on that host
                 pool = conn.storagePoolCreateXML(f"<pool type='dir'><name>{name}</name><target><path>{path}"
-                                                 f"</path></target></pool>", 0)
+                                                 f"</path></target></pool>",
+                                                 libvirt.VIR_STORAGE_POOL_CREATE_WITH_BUILD)
             pool.refresh(0)
     finally:
         conn.close()
     return dict(uri=uri, pool="coda-test-remote")
 
 
+@pytest.fixture(scope="session")
+def loopback_ssh_uri(tmp_path_factory):
+    """A `qemu+ssh://` URI whose ssh hop is real: a private sshd on 127.0.0.1 (its own host key, one
+    authorized key, a free port) stands in for a remote host and reaches this machine's libvirtd, so the
+    backend takes libvirt's remote transport end to end. The ssh wrapper keeps its own known_hosts: nothing
+    of the user's ssh setup is read or written. sshd ends with the session."""
+    sshd = "/usr/sbin/sshd"
+    if not os.path.exists(sshd):
+        why = "openssh-server is not installed (`make vm-setup` installs it)"
+        pytest.fail(why) if os.environ.get("CODA_VM_REQUIRED") else pytest.skip(why)
+    d = tmp_path_factory.mktemp("ssh")
+    for key in ("host", "id"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+    (d / "authorized_keys").write_text((d / "id.pub").read_text())
+    with socket_port() as port:
+        pass
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host\nAuthorizedKeysFile {d}/authorized_keys\n"
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "UsePAM no\nStrictModes no\nPidFile none\n")
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    log = open(d / "sshd.log", "wb")
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stdout=log, stderr=log)
+    wrapper = d / "ssh"
+    wrapper.write_text(f"#!/bin/sh\nexec ssh -i {d}/id -o UserKnownHostsFile={d}/known_hosts "
+                       f"-o StrictHostKeyChecking=accept-new \"$@\"\n")
+    wrapper.chmod(0o755)
+    try:
+        import socket
+        def listening() -> bool:
+            if proc.poll() is not None:
+                return True
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        assert wait_until(listening, 10) and proc.poll() is None, (d / "sshd.log").read_text()
+        import getpass
+        yield f"qemu+ssh://{getpass.getuser()}@127.0.0.1:{port}/system?command={wrapper}&no_tty=1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
 @pytest.mark.vm
-@pytest.mark.parametrize("uri", ["qemu:///system", os.environ.get("CODA_VM_REMOTE_URI")], ids=["local", "remote"])
-def test_kalgebra_task_through_a_vm(uri):
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_kalgebra_task_through_a_vm(where, request):
     """The same env, tasks and checks with KAlgebra inside a VM: the oracle of a task scores 1.0; then a
     reset (a revert to the snapshot saved with KAlgebra up) and DONE at once scores 0.0. "remote": the same
-    over CODA_VM_REMOTE_URI (e.g. qemu+ssh://root@host/system), when it is set."""
+    over a qemu+ssh:// URI: CODA_VM_REMOTE_URI (a real remote host that has the image at the same path), or
+    else this machine's libvirtd through a loopback sshd (`loopback_ssh_uri`)."""
     from coda_env.env import CodaEnv
 
     from .conftest import run_solution
-    if uri is None:
-        pytest.skip("CODA_VM_REMOTE_URI is not set (a qemu+ssh:// URI of a host that can reach the image)")
     image, xml = _vm_image()
+    uri = "qemu:///system"
+    if where == "remote":
+        uri = os.environ.get("CODA_VM_REMOTE_URI") or request.getfixturevalue("loopback_ssh_uri")
     options = dict(VM_OPTIONS) if uri == "qemu:///system" else _remote_pools(uri, image)
     env = CodaEnv(app="kalgebra", backend="libvirt",
                   backend_options=dict(base_image=image, domain_xml=xml, **options))

@@ -100,4 +100,7 @@ mv "$IMAGE.tmp" "$IMAGE"
 
 OUT_ABS=$(cd "$OUT" && pwd)
 sed -e "s|@KERNEL@|$OUT_ABS/vmlinuz|" -e "s|@INITRD@|$OUT_ABS/initrd.img|" domain.xml.in > "$OUT/domain.xml"
+# What the build cost, for benchmarks/libvirt_latency.py to print beside the VM's figures.
+printf '{"seconds": %d, "image_bytes": %d, "apps": "%s", "extra_debs": "%s", "built": "%s"}\n' "$SECONDS" \
+  "$(stat -c %s "$IMAGE")" "${APPS[*]}" "${EXTRA_DEBS:-}" "$(date -u +%FT%TZ)" > "$OUT/build-info.json"
 echo "vm-image: done in ${SECONDS}s: $IMAGE ($(du -h "$IMAGE" | cut -f1)) (use backend_options={'base_image': '$OUT_ABS/coda-debian12.qcow2', 'domain_xml': '$OUT_ABS/domain.xml'})"
