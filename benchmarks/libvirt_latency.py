@@ -56,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
 
     image = os.path.abspath(args.image)
-    xml = args.domain_xml or os.path.join(os.path.dirname(image), "domain.xml")
+    xml = args.domain_xml  # None: the backend takes the domain.xml beside the image
     print_build_info(image)
     if args.env:
         return env_figures(args, image, xml)
@@ -156,7 +156,7 @@ def print_build_info(image: str) -> None:
           f"(apps: {info['apps']}; built {info['built']})")
 
 
-def env_figures(args: argparse.Namespace, image: str, xml: str) -> None:
+def env_figures(args: argparse.Namespace, image: str, xml: str | None) -> None:
     from coda_env.env import CodaEnv
     env = CodaEnv(app="kalgebra", backend="libvirt", backend_options=dict(
         uri=args.uri, base_image=image, domain_xml=xml, domain_type=args.domain_type,

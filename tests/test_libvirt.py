@@ -435,7 +435,8 @@ def test_bad_uri():
         lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="bogus-driver:///x", base_image="/x")).start()
 
 
-def test_missing_base_image(conn):
+def test_missing_base_image(conn, monkeypatch):
+    monkeypatch.delenv("CODA_VM_IMAGE", raising=False)
     with pytest.raises(lvb.BaseImageError, match="/nowhere/base.qcow2 is in no storage pool"):
         lvb.LibvirtDesktop(config("/nowhere/base.qcow2")).start()
     with pytest.raises(lvb.BaseImageError, match="no base image configured.*make vm-image"):
@@ -483,6 +484,27 @@ def test_template_from_file(tmp_path, base, conn):
         assert "host-passthrough" in xml
     finally:
         d.stop()
+
+
+def test_base_image_from_env_and_the_domain_xml_beside_it(tmp_path, monkeypatch):
+    """`make vm-image` writes domain.xml beside the image (which has no bootloader): with a local URI and no
+    domain_xml given, that template is the one used; a remote URI keeps the default (its files are the
+    remote host's). CODA_VM_IMAGE is the default base image."""
+    image = tmp_path / "coda-debian12.qcow2"
+    image.write_bytes(b"QFI\xfb")
+    monkeypatch.setenv("CODA_VM_IMAGE", str(image))
+    assert lvb.LibvirtConfig().base_image == str(image)
+    local = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu:///system"))
+    remote = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu+ssh://host/system"))
+    local.name = remote.name = "coda-x"
+    assert "<boot dev='hd'/>" in local.domain_xml("/o.qcow2")  # no domain.xml beside it yet
+    (tmp_path / "domain.xml").write_text(lvb.DEFAULT_DOMAIN_XML.replace("<boot dev='hd'/>", "<kernel>/k</kernel>"))
+    xml = local.domain_xml("/o.qcow2")
+    assert "<kernel>/k</kernel>" in xml and "<name>coda-x</name>" in xml and "file=\"/o.qcow2\"" in xml
+    assert "<boot dev='hd'/>" in remote.domain_xml("/o.qcow2")
+    explicit = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu:///system", domain_xml=lvb.DEFAULT_DOMAIN_XML))
+    explicit.name = "coda-y"
+    assert "<boot dev='hd'/>" in explicit.domain_xml("/o.qcow2")
 
 
 def test_missing_libvirt_python_is_a_clear_error(monkeypatch):
@@ -821,6 +843,48 @@ def test_kalgebra_task_through_a_vm(where, request):
     out = os.environ.get("CODA_VM_FIGURES")
     if out:
         Path(out).write_text(json.dumps(figures, indent=1))
+
+
+@pytest.mark.vm
+def test_two_envs_from_one_base_at_once():
+    """Two envs of an async vector env, each on its own VM and overlay of the one base, at the same time: the
+    oracle in one and DONE in the other score [1, 0] (neither sees the other's input); the base is never
+    written; close() removes both domains and overlays. No domain_xml is passed: the one beside the image
+    is found."""
+    import gymnasium as gym
+
+    import coda_env  # noqa: F401  (registers the ids)
+    from coda_env.tasks import load_tasks
+    image, _ = _vm_image()
+    before = os.stat(image)
+    conn = libvirt.open("qemu:///system")
+    envs = gym.make_vec("coda/KAlgebra-v0", num_envs=2, vectorization_mode="async", task="calc_power",
+                        backend="libvirt", backend_options=dict(base_image=image, **VM_OPTIONS))
+    try:
+        obs, info = envs.reset(seed=0)
+        assert obs["screenshot"].shape == (2, 800, 1280, 3)
+        running = [d for d in conn.listAllDomains() if d.name().startswith("coda-") and d.isActive()]
+        assert len(running) >= 2
+        pool = conn.storagePoolLookupByName(VM_OPTIONS["pool"])
+        pool.refresh(0)
+        ours = [f"{d.name()}.qcow2" for d in running]
+        assert sum(v in pool.listVolumes() for v in ours) >= 2  # an overlay each
+        for action in load_tasks("kalgebra")["calc_power"].solution[:-1]:
+            obs, r, term, trunc, info = envs.step([action, "WAIT"])
+            assert not term.any() and not trunc.any()
+        obs, r, term, trunc, info = envs.step(["DONE", "DONE"])
+        assert term.all() and r.tolist() == [1.0, 0.0], info
+    finally:
+        envs.close()
+    try:
+        left = {d.name() for d in conn.listAllDomains()}
+        assert not left & {d.name() for d in running}
+        pool.refresh(0)
+        assert not set(ours) & set(pool.listVolumes())
+    finally:
+        conn.close()
+    after = os.stat(image)
+    assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)  # the base is only read
 
 
 def test_vm_images_domain_template_is_accepted(tmp_path, base, conn):

@@ -127,9 +127,12 @@ GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 class LibvirtConfig:
     """Where and how to build the VM. Paths (base_image, overlay_dir) are on the libvirt host."""
     uri: str = "qemu:///system"
-    base_image: str = ""
+    base_image: str = field(default_factory=lambda: os.environ.get("CODA_VM_IMAGE", ""))
+                                        # default: $CODA_VM_IMAGE (what `make vm-test` sets)
     base_format: str = "qcow2"
-    domain_xml: str | None = None       # template text, or a local file holding it; None: DEFAULT_DOMAIN_XML
+    domain_xml: str | None = None       # template text, or a local file holding it; None: the domain.xml
+                                        # beside a local base image (build.sh writes one), else
+                                        # DEFAULT_DOMAIN_XML
     width: int = 1280
     height: int = 800
     memory_mib: int = 2048
@@ -643,7 +646,8 @@ class LibvirtDesktop:
         base, lv = self.config.base_image, self._lv
         if not base:
             raise BaseImageError("no base image configured: pass backend_options={'base_image': "
-                                 "'/path/on/the/libvirt/host/coda-debian12.qcow2'} (`make vm-image` builds one)")
+                                 "'/path/on/the/libvirt/host/coda-debian12.qcow2'} or set CODA_VM_IMAGE "
+                                 "(`make vm-image` builds one)")
         try:
             vol = self._conn.storageVolLookupByPath(base)
             return base, int(vol.info()[1])
@@ -692,7 +696,7 @@ class LibvirtDesktop:
     def domain_xml(self, overlay: str) -> str:
         """The domain XML for this desktop: the configured template filled in."""
         c = self.config
-        text = c.domain_xml or DEFAULT_DOMAIN_XML
+        text = c.domain_xml or _beside_base(c) or DEFAULT_DOMAIN_XML
         if not text.lstrip().startswith("<"):
             text = Path(text).read_text()
         cpu = "<cpu mode='host-passthrough'/>" if c.domain_type == "kvm" else ""
@@ -1058,6 +1062,16 @@ class LibvirtDesktop:
 def _code(e: BaseException) -> int | None:
     get = getattr(e, "get_error_code", None)
     return get() if callable(get) else None
+
+
+def _beside_base(c: LibvirtConfig) -> str | None:
+    """The `domain.xml` that vm_images/build.sh writes beside its image (that image has no bootloader, so
+    only that template, which boots the kernel beside it, can start it); None for a remote URI, whose files
+    are not ours to read."""
+    if not c.base_image or not is_local_uri(c.uri) or c.uri.startswith("test:"):
+        return None
+    xml = Path(c.base_image).with_name("domain.xml")
+    return str(xml) if xml.is_file() else None
 
 
 def _image_size(path: str, fmt: str) -> int:
