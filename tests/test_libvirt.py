@@ -730,11 +730,17 @@ def test_vm_of_a_killed_parent_is_removed():
 
 def _remote_pools(uri: str, image: str) -> dict:
     """For a remote URI the base must be in one of that host's storage pools, and the overlays need a pool:
-    both made there through the connection (here the "remote" host is this one, reached over ssh)."""
+    both made there through the connection (here the "remote" host is this one, reached over ssh).
+
+    The base's pool is named after its folder: libvirtd keeps a transient pool across its own restarts (in
+    /run/libvirt/storage), so a fixed name could still point at the folder of an earlier checkout."""
+    import hashlib
+    folder = os.path.dirname(image)
+    base_pool = f"coda-test-base-{hashlib.sha1(folder.encode()).hexdigest()[:8]}"
     conn = libvirt.open(uri)
     try:
-        for name, path in (("coda-test-base", os.path.dirname(image)), ("coda-test-remote", "/var/lib/libvirt/images/coda-test-remote")):
-            if name == "coda-test-base":
+        for name, path in ((base_pool, folder), ("coda-test-remote", "/var/lib/libvirt/images/coda-test-remote")):
+            if name == base_pool:
                 try:
                     conn.storageVolLookupByPath(image)
                     continue  # already in a pool there
