@@ -174,6 +174,12 @@ def is_local_uri(uri: str) -> bool:
     return "+" not in scheme and not parts.hostname
 
 
+def host_files_are_local(uri: str) -> bool:
+    """True when paths on the libvirt host are paths on this machine: a local URI of a real driver (the
+    test driver's storage paths are its own fiction)."""
+    return is_local_uri(uri) and not uri.startswith("test:")
+
+
 # --------------------------------------------------------------------------------- key translation
 
 # Linux input keycodes (linux/input-event-codes.h) and QEMU QKeyCode names, per project key name.
@@ -653,7 +659,7 @@ class LibvirtDesktop:
             return base, int(vol.info()[1])
         except lv.libvirtError:
             pass
-        if is_local_uri(self.config.uri) and not self.config.uri.startswith("test:"):
+        if host_files_are_local(self.config.uri):
             if os.path.isfile(base):
                 return base, _image_size(base, self.config.base_format)
             raise BaseImageError(f"the base image {base} does not exist: build it with `make vm-image` or "
@@ -1068,7 +1074,7 @@ def _beside_base(c: LibvirtConfig) -> str | None:
     """The `domain.xml` that vm_images/build.sh writes beside its image (that image has no bootloader, so
     only that template, which boots the kernel beside it, can start it); None for a remote URI, whose files
     are not ours to read."""
-    if not c.base_image or not is_local_uri(c.uri) or c.uri.startswith("test:"):
+    if not c.base_image or not host_files_are_local(c.uri):
         return None
     xml = Path(c.base_image).with_name("domain.xml")
     return str(xml) if xml.is_file() else None
