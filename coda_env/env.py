@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shutil
 import string
-import tempfile
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ from gymnasium import spaces
 
 from .actions import TERMINAL_KINDS, Action, ActionError, from_structured, parse_action, structured_space
 from .apps import AppError, get_app
-from .backends.base import DesktopError
+from .backends.base import DesktopError, make_temp_dir
 from .checks import run_checks
 from .judge import JudgeError, fit_within, make_judge
 from .tasks import Task, TaskError, load_tasks
@@ -167,6 +166,7 @@ class CodaEnv(gym.Env):
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         self.task = self._pick_task(options)
+        self._release_input()
         # A desktop with snapshots (a VM) saves one once the app is up (`checkpoint`); every later reset
         # reverts to it, and the app comes back running and ready. Any other desktop restarts the app.
         snapshots = hasattr(self.desktop, "checkpoint")
@@ -189,7 +189,9 @@ class CodaEnv(gym.Env):
         timings["desktop"] = time.monotonic() - t0
         t1 = time.monotonic()
         if not self._app_saved:
-            self._profile = tempfile.mkdtemp(prefix=f"coda-{self.app_name}-")
+            # inside the desktop's own folder where it has one: removed with it, however this process ends
+            self._profile = make_temp_dir(f"coda-{self.app_name}-", getattr(self.desktop, "tmpdir", None),
+                                          f"the home folder of {self.app_name}")
             self.desktop.app_home = self._profile
             self._proc = self.app.launch(self.desktop, self._profile)
         if not self._app_saved:  # (after a revert to the app's snapshot it is as it was when ready() passed)
@@ -240,7 +242,11 @@ class CodaEnv(gym.Env):
         try:
             for a in acts:
                 if a.kind not in TERMINAL_KINDS:
-                    self.desktop.input(a)
+                    try:
+                        self.desktop.input(a)
+                    except ActionError as e:  # an action this desktop cannot perform (a key with no keysym)
+                        info["action_error"] = str(e)
+                        break
             timings["action"] = time.monotonic() - t0
             self._check_app()
             wait = any(a.kind == "wait" for a in acts)
@@ -267,6 +273,7 @@ class CodaEnv(gym.Env):
                 return self._crash(e, info)
             timings["evaluate"] = time.monotonic() - t2
             self._done = True
+            self._release_input()
         return self._obs, reward, terminated, truncated, info
 
     def _check_app(self) -> None:
@@ -315,10 +322,22 @@ class CodaEnv(gym.Env):
         info["error"] = f"{type(error).__name__}: {error}"
         info["success"] = False
         self._done = True
+        self._release_input()
         if not self.desktop.alive():
             self.desktop.stop()
         obs = self._obs if self._obs is not None else self._observation(np.zeros((self.height, self.width, 3), np.uint8))
         return obs, 0.0, False, True, info
+
+    def _release_input(self) -> None:
+        """Release held keys and buttons, so that no episode inherits another's (a keyDown('shift') would
+        otherwise stay down into the next episode); a desktop that cannot is stopped, and reset rebuilds it."""
+        release = getattr(self.desktop, "release_all", None)
+        if release is None or not self.desktop.alive():
+            return
+        try:
+            release()
+        except DesktopError:
+            self.desktop.stop()
 
     def render(self):
         if self.render_mode == "rgb_array" and self._obs is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,6 +60,21 @@ class Desktop(Protocol):
         """Read access to the accessibility trees of the apps on this desktop (the caller closes it)."""
     def kill_group(self, proc: subprocess.Popen) -> None:
         """Kill a spawned program and everything it started."""
+    def pressed(self) -> dict[str, list[str]]:
+        """What input() holds down now: {"keys": [key names], "buttons": [button names]}."""
+    def release_all(self) -> None:
+        """Release every key and mouse button held down (and switch keyboard locks off): the env calls this
+        at episode end and on reset, so that no episode inherits another's held input."""
+
+
+def make_temp_dir(prefix: str, parent: str | None = None, what: str = "a temporary folder") -> str:
+    """tempfile.mkdtemp, with an error that names the folder and the fix instead of a bare OSError."""
+    try:
+        return tempfile.mkdtemp(prefix=prefix, dir=parent)
+    except OSError as e:
+        where = parent or tempfile.gettempdir()
+        raise DesktopError(f"cannot create {what} in {where} ({e.strerror or e}): set TMPDIR to a writable "
+                           f"folder with free space") from None
 
 
 def backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:
