@@ -408,9 +408,13 @@ class LocalDesktop:
         env["QT_LINUX_ACCESSIBILITY_ALWAYS_ON"] = "1"
         env["QT_ACCESSIBILITY"] = "1"
         env["GTK_MODULES"] = "gail:atk-bridge"
-        launcher = self._popen("atspi", ["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"], env,
-                               group=self._pgids[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(Path(self._tmp, "atspi.log"), "wb") as log:
+            launcher = self._popen("atspi", ["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"], env,
+                                   group=self._pgids[0], stdout=log, stderr=log)
         from ..a11y import A11yClient, enable_accessibility
+        # Ask org.a11y.Bus nothing before our launcher owns it: such a call makes the session bus activate a
+        # second launcher, and the one that loses the race for the name exits (ours, as often as not).
+        _wait_for_name(line, "org.a11y.Bus", launcher, deadline)
         while True:
             try:
                 enable_accessibility(line)
@@ -885,6 +889,34 @@ class LocalDesktop:
         """Every live process of this desktop (for tests and diagnostics)."""
         needle = f"{TOKEN_VAR}={self.token}".encode()
         return [int(e) for e in os.listdir("/proc") if e.isdigit() and _proc_has_token(int(e), needle)]
+
+
+def _wait_for_name(address: str, name: str, owner: subprocess.Popen, deadline: float) -> None:
+    """Poll the bus at `address` until `name` has an owner (NameHasOwner activates nothing)."""
+    from jeepney import DBusAddress, new_method_call
+    from jeepney.io.blocking import open_dbus_connection
+    bus = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus", interface="org.freedesktop.DBus")
+    try:
+        conn = open_dbus_connection(address, auth_timeout=max(0.1, deadline - time.monotonic()))
+    except (OSError, TimeoutError) as e:
+        raise DesktopError(f"cannot reach this desktop's session bus: {e}") from None
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                reply = conn.send_and_get_reply(new_method_call(bus, "NameHasOwner", "s", (name,)),
+                                                timeout=max(0.1, left))
+            except (OSError, TimeoutError) as e:
+                raise DesktopError(f"this desktop's session bus did not answer: {e}") from None
+            if reply.body and reply.body[0] is True:
+                return
+            if owner.poll() is not None:
+                raise DesktopError(f"{owner.args[0]} exited at start (code {owner.returncode})")
+            if left <= 0:
+                raise DesktopError(f"nothing took the name {name} on this desktop's session bus in time")
+            time.sleep(0.005)
+    finally:
+        conn.close()
 
 
 def _children(pid: int) -> list[int]:
