@@ -193,6 +193,30 @@ class InputMixin:
                 raise DesktopError(f"the VM {self.name} died during input: {e}") from None
             raise DesktopError(f"input to {self.name} failed: {e}") from None
         self._pointer = pointer
+        self._track(action)
+
+    def release_all(self) -> None:
+        """Release the held keys and buttons that keyDown/mouseDown actions pressed (tracked in `_held`)."""
+        held = getattr(self, "_held", None)
+        if not held or not self.alive():
+            return
+        events = [_qkey(name, False) for kind, name in held if kind == "key"]
+        events += [e for kind, name in held if kind == "btn" for e in _btn(name, False)]
+        try:
+            for e in events:
+                self._qmp("input-send-event", {"events": [e]})
+        finally:
+            held.clear()
+
+    def _track(self, action: Action) -> None:
+        held = self.__dict__.setdefault("_held", set())
+        if action.kind in ("key_down", "key_up"):
+            for key in action.keys:
+                name, shift = _resolve(key)
+                for n in (name, "shift") if shift else (name,):
+                    (held.add if action.kind == "key_down" else held.discard)(("key", n))
+        elif action.kind in ("mouse_down", "mouse_up"):
+            (held.add if action.kind == "mouse_down" else held.discard)(("btn", action.button))
 
     def _qmp(self, command: str, arguments: Mapping[str, Any]) -> Any:
         text = json.dumps({"execute": command, "arguments": arguments})
