@@ -64,7 +64,7 @@ def test_observation_and_info(kalgebra_env):
 
 
 def test_render_rgb_array():
-    env = CodaEnv(task="calc_power", render_mode="rgb_array")
+    env = CodaEnv("kalgebra", task="calc_power", render_mode="rgb_array")
     try:
         obs, _ = env.reset(seed=0)
         frame = env.render()
@@ -74,7 +74,7 @@ def test_render_rgb_array():
 
 
 def test_a11y_tree_observation():
-    env = CodaEnv(task="calc_power", a11y_tree=True)
+    env = CodaEnv("kalgebra", task="calc_power", a11y_tree=True)
     try:
         obs, _ = env.reset(seed=0)
         assert "Variables" in obs["a11y_tree"] and "Calculator" in obs["a11y_tree"]
@@ -84,7 +84,7 @@ def test_a11y_tree_observation():
 
 def test_check_env_passes():
     from gymnasium.utils.env_checker import check_env
-    env = CodaEnv(task="calc_power", info_timings=False)
+    env = CodaEnv("kalgebra", task="calc_power", info_timings=False)
     try:
         check_env(env, skip_render_check=True)
     finally:
@@ -151,7 +151,7 @@ def test_killing_xvfb_truncates_and_reset_recovers(kalgebra_env):
 
 
 def test_no_orphans_after_close():
-    env = CodaEnv(task="calc_power")
+    env = CodaEnv("kalgebra", task="calc_power")
     env.reset(seed=0)
     token = env.desktop.token
     names = {open(f"/proc/{p}/comm").read().strip() for p in live_token_pids(token)}
@@ -162,7 +162,7 @@ def test_no_orphans_after_close():
 
 def test_no_orphans_after_gc():
     import gc
-    env = CodaEnv(task="calc_power")
+    env = CodaEnv("kalgebra", task="calc_power")
     env.reset(seed=0)
     token = env.desktop.token
     assert live_token_pids(token)
@@ -174,7 +174,7 @@ def test_no_orphans_after_gc():
 HOLDER = """
 import json, sys, time
 from coda_env.env import CodaEnv
-envs = [CodaEnv(task="calc_power") for _ in range(2)]
+envs = [CodaEnv("kalgebra", task="calc_power") for _ in range(2)]
 for e in envs:
     e.reset(seed=0)
 print(json.dumps([e.desktop.token for e in envs]), flush=True)
@@ -198,7 +198,7 @@ def test_no_orphans_after_parent_sigkill():
 
 
 def test_two_envs_in_one_process_are_isolated():
-    a, b = CodaEnv(task="calc_power"), CodaEnv(task="calc_power")
+    a, b = CodaEnv("kalgebra", task="calc_power"), CodaEnv("kalgebra", task="calc_power")
     try:
         a.reset(seed=0)
         b.reset(seed=0)
