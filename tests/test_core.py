@@ -426,3 +426,22 @@ def test_coda_tasks_lists_broken_files(tmp_path, capsys):
     assert main(["tasks", "fake", "--tasks-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "fake_type_42" in out and "1 broken task file" in out and "bad.json" in out
+
+
+def test_every_app_and_backend_conforms_to_its_protocol():
+    from coda_env.backends.base import Desktop
+    from coda_env.backends.fake import FakeDesktop
+    from coda_env.backends.libvirt import LibvirtDesktop
+    from coda_env.backends.local import LocalDesktop
+    from coda_env.registry import App
+    app_members = [m for m in App.__protocol_attrs__ if not m.startswith("_")] if hasattr(App, "__protocol_attrs__") \
+        else ["name", "launch", "ready", "state", "a11y_text", "close"]
+    for name, spec in APPS.items():
+        adapter = spec.adapter()
+        missing = [m for m in app_members if not hasattr(adapter, m)]
+        assert not missing, f"app {name} lacks {missing}"
+    desk_members = sorted(set(Desktop.__annotations__) | {m for m in vars(Desktop) if not m.startswith("_")})
+    for cls in (LocalDesktop, LibvirtDesktop, FakeDesktop):
+        missing = [m for m in desk_members if m not in ("width", "height") and not hasattr(cls, m)]
+        assert not missing, f"{cls.__name__} lacks {missing}"
+        assert isinstance(cls.capabilities, frozenset) and cls.capabilities <= {"a11y", "snapshots"}

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -326,3 +327,27 @@ def test_a11y_script_takes_the_bus_from_its_environment(kalgebra_env):
     p = subprocess.run([sys.executable, a11y.__file__, "apps", "-"], env=desktop.env, capture_output=True,
                        timeout=60)
     assert p.returncode == 0 and "kalgebra" in p.stdout.decode().split("\n"), p.stderr
+
+
+def test_a_users_task_folder_runs_like_a_shipped_task(tmp_path, monkeypatch, capsys):
+    """A task of the user's own, in CODA_TASKS_PATH or --tasks-dir: listed, and its oracle scores 1.0."""
+    from coda_agent.cli import main
+    mine = {**json.loads(Path(load_tasks("kalgebra")["calc_power"].path).read_text()), "id": "my_power_of_two",
+            "instruction": "Store 2^10 in a variable named b.", "evaluate": [{"type": "val", "name": "b", "value": 1024}],
+            "solution": ["pyautogui.click(500, 751)", "pyautogui.write('b:=2^10')", "pyautogui.press('enter')", "DONE"]}
+    (tmp_path / "kalgebra").mkdir()
+    (tmp_path / "kalgebra" / "my_power_of_two.json").write_text(json.dumps(mine))
+    monkeypatch.setenv("CODA_TASKS_PATH", str(tmp_path))
+    assert main(["tasks", "kalgebra"]) == 0
+    assert "my_power_of_two" in capsys.readouterr().out
+    env = gym.make("coda/KAlgebra-v0", task="my_power_of_two")
+    try:
+        rewards, term, _, info = run_solution(env, "my_power_of_two")
+        assert term and rewards[-1] == 1.0, info
+    finally:
+        env.close()
+    monkeypatch.delenv("CODA_TASKS_PATH")
+    out = tmp_path / "run"
+    assert main(["eval", "--agent", "oracle", "--tasks-dir", str(tmp_path), "--tasks", "my_power_of_two",
+                 "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "results.json").read_text())["summary"]["overall"]["rate"] == 1.0
