@@ -201,7 +201,7 @@ def _kill_part(env, part: str) -> None:
         os.kill(pid, signal.SIGKILL)
         assert wait_until(lambda: _proc_state(pid) in (None, "Z", "X"), 5)
         return
-    proc = env.unwrapped._proc if part == "app" else d._procs[part]
+    proc = env.unwrapped.procs["kalgebra"] if part == "app" else d._procs[part]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=5)  # (a killed multi-threaded process shows as a zombie before it can be reaped)
 
@@ -309,7 +309,7 @@ import sys, time
 from coda_env.env import CodaEnv
 env = CodaEnv(task="calc_power")
 env.reset(seed=0)
-print(env.desktop.token, env.desktop.tmpdir, env.unwrapped._profile, flush=True)
+print(env.desktop.token, env.desktop.tmpdir, env.unwrapped._home, flush=True)
 if sys.argv[1] == "wait":
     time.sleep(600)
 """

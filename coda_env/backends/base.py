@@ -38,8 +38,13 @@ class Window:
 
 @runtime_checkable
 class Desktop(Protocol):
+    """What the env and the app adapters call. Optional capabilities are declared in `capabilities`, never
+    probed: "a11y" (an AT-SPI bus: `a11y()` works), "snapshots" (`checkpoint(name)` saves the running
+    desktop, `reset()` reverts to the last checkpoint; a VM)."""
     width: int
     height: int
+    capabilities: frozenset[str]
+    app_timeout: float                 # how long an app may take to become ready here (a VM: far longer)
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -63,8 +68,14 @@ class Desktop(Protocol):
     def pressed(self) -> dict[str, list[str]]:
         """What input() holds down now: {"keys": [key names], "buttons": [button names]}."""
     def release_all(self) -> None:
-        """Release every key and mouse button held down (and switch keyboard locks off): the env calls this
-        at episode end and on reset, so that no episode inherits another's held input."""
+        """Release every key and mouse button an action left pressed (episode end, reset, a failed action);
+        a backend that can also switches keyboard locks off, so that no episode inherits another's input."""
+    def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
+        """GET http://127.0.0.1:port/path as seen from the desktop (this machine, or inside the VM guest)."""
+
+
+SNAPSHOTS = "snapshots"
+A11Y = "a11y"
 
 
 def make_temp_dir(prefix: str, parent: str | None = None, what: str = "a temporary folder") -> str:

@@ -290,6 +290,9 @@ def _xcb_socket(shot) -> socket.socket | None:
 class LocalDesktop:
     """A private X desktop (Xvfb + openbox + D-Bus/AT-SPI) driven through XTest and MIT-SHM."""
 
+    capabilities = frozenset({"a11y"})
+    app_timeout = 30.0
+
     def __init__(self, config: LocalConfig | None = None):
         self.config = config or LocalConfig()
         self.width, self.height = self.config.width, self.config.height
@@ -802,7 +805,10 @@ class LocalDesktop:
         Asks the server, not only our bookkeeping: it also catches what a failed action left behind."""
         from Xlib import X, XK
         from Xlib.ext import xtest
-        self._check()
+        if not self.alive():  # a dead or frozen desktop holds nothing: the next reset rebuilds it
+            self._held_keys.clear()
+            self._held_buttons.clear()
+            return
         d = self._xlib
         with self._x("releasing held keys and buttons"):
             keymap = d.query_keymap()
@@ -874,6 +880,18 @@ class LocalDesktop:
 
     def read_file(self, path: str) -> bytes:
         return Path(path).read_bytes()
+
+    def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
+        """GET http://127.0.0.1:port/path (an app's own server on this machine)."""
+        import urllib.error
+        import urllib.request
+        if not (isinstance(port, int) and 0 < port < 65536) or not path.startswith("/"):
+            raise ValueError(f"bad local URL port {port!r} path {path!r}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+                return r.read()
+        except (urllib.error.URLError, OSError) as e:
+            raise DesktopError(f"GET http://127.0.0.1:{port}{path} failed: {e}") from None
 
     def write_file(self, path: str, data: bytes) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
