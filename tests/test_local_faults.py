@@ -307,7 +307,7 @@ def test_a_frozen_x_server_ends_the_step_and_reset_rebuilds():
 HOLDER = """
 import sys, time
 from coda_env.env import CodaEnv
-env = CodaEnv(task="calc_power")
+env = CodaEnv(app="kalgebra", task="calc_power")
 env.reset(seed=0)
 print(env.desktop.token, env.desktop.tmpdir, env.unwrapped._home, flush=True)
 if sys.argv[1] == "wait":
