@@ -65,8 +65,6 @@ class Desktop(Protocol):
         """Read access to the accessibility trees of the apps on this desktop (the caller closes it)."""
     def kill_group(self, proc: subprocess.Popen) -> None:
         """Kill a spawned program and everything it started."""
-    def pressed(self) -> dict[str, list[str]]:
-        """What input() holds down now: {"keys": [key names], "buttons": [button names]}."""
     def release_all(self) -> None:
         """Release every key and mouse button an action left pressed (episode end, reset, a failed action);
         a backend that can also switches keyboard locks off, so that no episode inherits another's input."""
