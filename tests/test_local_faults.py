@@ -239,6 +239,27 @@ def test_a_dead_part_is_reported_and_the_next_reset_recovers(part):
         env.close()
 
 
+def test_a_closed_x_connection_is_reported_and_the_next_reset_recovers():
+    env = _fault_env()
+    try:
+        env.reset(options={"task": "calc_power"})
+        other = xdisplay.Display(f":{env.desktop.display}")
+        try:  # the X server closes the desktop's own connection (what xkill does to a client)
+            mine = env.desktop._xlib
+            pixmap = mine.screen().root.create_pixmap(1, 1, mine.screen().root_depth)  # a resource of it
+            mine.sync()
+            other.create_resource_object("pixmap", pixmap.id).kill_client()
+            other.sync()
+        finally:
+            other.close()
+        obs, r, term, trunc, info = env.step("pyautogui.click(500, 751)")
+        assert trunc and "X connection was closed" in info["error"], info
+        rewards, *_ = run_solution(env, "calc_power")
+        assert rewards[-1] == 1.0
+    finally:
+        env.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_dead_parts_ten_times_each():

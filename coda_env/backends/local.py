@@ -325,8 +325,9 @@ class LocalDesktop:
             runtime = Path(self._tmp, "runtime")
             runtime.mkdir(mode=0o700)
         except OSError as e:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            raise DesktopError(_disk_error(self._tmp, e)) from None
+            folder, self._tmp = self._tmp, None
+            shutil.rmtree(folder, ignore_errors=True)
+            raise DesktopError(_disk_error(folder, e)) from None
         base_env = {k: v for k, v in os.environ.items() if not k.startswith(("DBUS_", "XDG_", "WAYLAND"))}
         base_env.update({TOKEN_VAR: self.token, "XDG_RUNTIME_DIR": str(runtime), "NO_AT_BRIDGE": "0"})
         # The watchdog is told the folder up front: it removes it however this process ends.
