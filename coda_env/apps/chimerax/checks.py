@@ -18,7 +18,7 @@ import re
 import struct
 from typing import Any
 
-from ._core import AppError, CheckContext, CheckError, CheckType, confined
+from ._core import AppError, CheckContext, CheckError, CheckType, SetupError, confined
 from .adapter import dump_state, quote, rest_run
 
 READ_ONLY = re.compile(r"(?i)^\s*(info(\s|$)|getcrd(\s|$)|measure\s+(center|sasa|area|length|volume|inertia)(\s|$))")
@@ -167,7 +167,10 @@ FILE_KEYS = ("atoms", "residues", "chains", "contains", "width", "height", "stat
 
 
 def _file_validate(c: dict) -> None:
-    confined("/nonexistent-home", c.get("path"), "'path'")
+    try:
+        confined("/nonexistent-home", c.get("path"), "'path'")
+    except SetupError as e:
+        raise CheckError(str(e)) from None
     keys = [k for k in FILE_KEYS if k in c]
     if not keys:
         raise CheckError(f"chimerax_file needs at least one of {', '.join(FILE_KEYS)}")

@@ -99,7 +99,8 @@ def _turn(ctx: SetupContext, op: dict) -> None:
 
 
 def _clear_log(ctx: SetupContext, op: dict) -> None:
-    ctx.app.command(ctx.desktop, "log clear")
+    # as typed: REST runs commands unlogged, and an unlogged `log clear` does not reach the log recorder
+    ctx.app.typed(ctx.desktop, "log clear")
 
 
 def _save_validate(op: dict) -> None:
