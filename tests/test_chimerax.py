@@ -328,10 +328,10 @@ def test_check_types(engine):
             {"type": "chimerax_file", "path": "m.pdb", "atoms": 225, "chains": ["A", "B"]},
             {"type": "chimerax_file", "path": "m.cif", "atoms": 225, "residues": 33},
             {"type": "states", "path": "residues.#1/A:3.ribbon_color", "value": "#ffa500"},
-            {"type": "chimerax_file", "path": "s.cxs", "state": [{"path": "residues.#1/B:3.ribbon_color", "value": "#00ff00"},
+            {"type": "chimerax_file", "path": "s.cxs", "state": [{"path": "residues.#1/B:3.ribbon_color", "value": "#008000"},
                                                                  {"path": "residues.#1/A:3.ribbon_color", "value": "#ffa500"}]}]
     results = e.evaluate({"evaluate": good}, None)
-    assert all(ok for ok, _ in results), results
+    assert all(ok for ok, _ in results), [d for ok, d in results if not ok]
     bad = [{"type": "chimerax_info", "command": "info rescolor /A:1", "lines": ["#1/A:1 color #ff0000"]},
            {"type": "chimerax_info", "log": True, "pattern": "no such text"},
            {"type": "chimerax_file", "path": "shot.png", "width": 161},

@@ -126,7 +126,7 @@ class ChimeraX:
         self.home = home
         self.port = free_port()
         self._initialized = False
-        env = {"HOME": home, "XDG_CONFIG_HOME": str(h / ".config"), "XDG_DATA_HOME": str(h / ".local/share"),
+        env = {"HOME": home, "CODA_HOME": home, "XDG_CONFIG_HOME": str(h / ".config"), "XDG_DATA_HOME": str(h / ".local/share"),
                "XDG_CACHE_HOME": str(h / ".cache"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                # QtWebEngine (the log, help viewer) refuses to run as root without these
                "QTWEBENGINE_DISABLE_SANDBOX": "1", "QTWEBENGINE_CHROMIUM_FLAGS": "--no-sandbox --disable-gpu",

@@ -25,6 +25,11 @@ def _floats(seq, nd=4):
 
 
 def init(session):
+    import os
+    # ChimeraX started as root replaces HOME (/do/not/run/as/root) to keep its caches out of root's home;
+    # its folders come from XDG_* (set to the app's home), and `~` in a typed path should be that home too.
+    if os.environ.get("CODA_HOME"):
+        os.environ["HOME"] = os.environ["CODA_HOME"]
     if getattr(session, "_coda_log", None) is not None:
         return
     from chimerax.core.logger import PlainTextLog
