@@ -169,30 +169,11 @@ def oracle_answer(solution: list[str]) -> str | None:
     return None
 
 
-def _answer_check(c: dict, ctx) -> tuple[bool, str]:
-    """SPEC's core `answer` check (string, or number within tol), for tasks that end with ANS."""
-    got = ctx.answer
-    if got is None:
-        return False, "no answer"
-    if "number" in c:
-        try:
-            ok = abs(float(got.strip()) - c["number"]) <= c.get("tol", 1e-6)
-        except ValueError:
-            ok = False
-        return ok, f"answer {got!r} vs {c['number']}"
-    return got.strip() == str(c["value"]).strip(), f"answer {got!r} vs {c['value']!r}"
-
-
 def check_runner(name: str):
-    try:
-        from coda_env.registry import CHECKS as core_checks  # after the merge: the core's own checks
-        if name in core_checks:
-            return core_checks[name].run
-    except ImportError:
-        pass
-    if name == "answer":
-        return _answer_check
-    return CHECKS[name].run
+    """Any registered check type (the core's `answer` as well as this package's)."""
+    import coda_env  # noqa: F401
+    from coda_env.registry import CHECKS as ALL
+    return ALL[name].run
 
 
 class Engine:
@@ -359,3 +340,21 @@ def test_task_oracle_commands(engine, task):
         engine.app.typed(engine.desktop, cmd)
     results = engine.evaluate(task, oracle_answer(task["solution"]))
     assert all(ok for ok, _ in results), f"{task['id']}: {results}"
+
+
+def test_gym_make_without_chimerax_raises_one_clear_error(monkeypatch):
+    """The engine is not the GUI: gym.make with no real ChimeraX refuses, naming both ways to get it."""
+    import gymnasium as gym
+
+    import coda_env  # noqa: F401
+    from coda_env.registry import AppError as CoreAppError, get_app_spec
+    if find_real := ad.find_chimerax():
+        pytest.skip(f"a real ChimeraX is installed here ({find_real})")
+    monkeypatch.setenv("CODA_CHIMERAX", str(ENGINE.parent / "no-such-chimerax"))
+    with pytest.raises(CoreAppError) as e:
+        gym.make("coda/ChimeraX-v0")
+    msg = str(e.value)
+    assert "ChimeraX is not installed" in msg and ".deb" in msg and "CHIMERAX_DEB=" in msg and "libvirt" in msg
+    assert get_app_spec("chimerax").available() == ad.MISSING
+    # the engine launcher is not taken for the GUI: it is not on PATH, nor named chimerax
+    assert ad.find_chimerax() is None
