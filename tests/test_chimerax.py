@@ -358,3 +358,63 @@ def test_gym_make_without_chimerax_raises_one_clear_error(monkeypatch):
     assert get_app_spec("chimerax").available() == ad.MISSING
     # the engine launcher is not taken for the GUI: it is not on PATH, nor named chimerax
     assert ad.find_chimerax() is None
+
+
+# ------------------------------------------------------------------ the GUI suite (UCSF's .deb)
+GUI_MISSING = None if ad.find_chimerax() else ("UCSF ChimeraX's GUI is not installed here (" + ad.MISSING + ")")
+needs_gui = pytest.mark.skipif(GUI_MISSING is not None, reason=GUI_MISSING or "")
+
+
+@pytest.fixture(scope="module")
+def gui_env():
+    from coda_env.env import CodaEnv
+    env = CodaEnv(app="chimerax")
+    yield env
+    env.close()
+
+
+@pytest.mark.chimerax
+@needs_gui
+@pytest.mark.parametrize("task", TASKS, ids=[t["id"] for t in TASKS])
+def test_gui_oracle_scores_one(gui_env, task):
+    from .conftest import run_solution
+    rewards, term, trunc, info = run_solution(gui_env, task["id"])
+    assert term and rewards[-1] == 1.0, (task["id"], info.get("checks"))
+
+
+@pytest.mark.chimerax
+@needs_gui
+@pytest.mark.parametrize("task", TASKS, ids=[t["id"] for t in TASKS])
+def test_gui_done_at_once_scores_zero(gui_env, task):
+    gui_env.reset(options={"task": task["id"]})
+    obs, r, term, trunc, info = gui_env.step("DONE")
+    assert term and r == 0.0, task["id"]
+
+
+@pytest.mark.chimerax
+@needs_gui
+def test_gui_check_env():
+    from gymnasium.utils.env_checker import check_env
+
+    from coda_env.env import CodaEnv
+    env = CodaEnv(app="chimerax", task="color_chain_a_red")
+    try:
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()
+
+
+@pytest.mark.chimerax
+@needs_gui
+def test_gui_killed_app_truncates_and_reset_recovers(gui_env):
+    import signal
+
+    from .conftest import run_solution
+    gui_env.reset(options={"task": "color_chain_a_red"})
+    proc = gui_env.unwrapped.procs["chimerax"]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
+    obs, r, term, trunc, info = gui_env.step("pyautogui.click(640, 762)")
+    assert trunc and not term and r == 0.0 and "chimerax exited" in info["error"]
+    rewards, *_ = run_solution(gui_env, "color_chain_a_red")
+    assert rewards[-1] == 1.0
