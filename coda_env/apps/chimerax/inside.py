@@ -106,14 +106,18 @@ def _structure(m, out_atoms, out_residues, budget):
             out_atoms[spec] = {"element": a.element.name, "color": _hex(a.color), "shown": bool(a.display),
                                "visible": bool(a.visible), "style": STYLES.get(int(a.draw_mode), "?"),
                                "selected": bool(a.selected), "coord": _floats(a.scene_coord, 3),
+                               "radius": round(float(a.radius), 4),
                                "label": label_text.get(id(a))}
+    nuc = {"drawing": hasattr(m, "_nucleotides_drawing"),
+           "residues": len(getattr(m, "_nucleotide_info", {}) or {}),
+           "ladder_stubs_only": getattr(getattr(m, "_ladder_params", None), "stubs_only", None)}
     styles = {}
     for mode in atoms.draw_modes:
         name = STYLES.get(int(mode), "?")
         styles[name] = styles.get(name, 0) + 1
     return {"chains": chains, "atoms": len(atoms), "residues": len(res), "bonds": int(m.num_bonds),
             "atoms_shown": int(atoms.displays.sum()) if len(atoms) else 0, "styles": styles,
-            "ribbons_shown": ribbons, "atoms_listed": len(atoms) <= budget}
+            "ribbons_shown": ribbons, "atoms_listed": len(atoms) <= budget, "nucleotides": nuc}
 
 
 def dump(session, out):
@@ -126,24 +130,46 @@ def dump(session, out):
         entry = {"id": mid, "name": m.name, "type": type(m).__name__, "shown": bool(m.display),
                  "visible": bool(m.visible), "parent": ("#" + m.parent.id_string) if m.parent is not None
                  and m.parent.id else None}
+        inv_cam = view.camera.position.inverse()
+        entry["position"] = [_floats(row) for row in m.position.matrix]
+        entry["view_rotation"] = [_floats(row[:3]) for row in (inv_cam * m.position).matrix]
+        b = m.bounds()
+        entry["bounds"] = None if b is None else {"xyz_min": _floats(b.xyz_min), "xyz_max": _floats(b.xyz_max)}
         if isinstance(m, Structure):
             entry.update(_structure(m, atoms, residues, budget))
             budget -= entry["atoms"]
+            if hasattr(m, "create_marker"):  # a marker set (centroids, axes markers)
+                entry["markers"] = [{"coord": _floats(a.scene_coord), "radius": round(float(a.radius), 4)}
+                                    for a in m.atoms[:100]]
         elif isinstance(m, PseudobondGroup):
             pbs = m.pseudobonds
             info = {"id": mid, "name": m.name, "count": len(pbs), "shown": bool(m.display),
                     "color": _hex(m.color),
                     "lengths": _floats(pbs.lengths, 3)[:200] if len(pbs) else []}
-            entry["pseudobonds"] = len(pbs)
+            info["pb_colors"] = sorted({_hex(c) for c in pbs.colors}) if len(pbs) else []
+            entry.update(pseudobonds=len(pbs), pb_colors=info["pb_colors"], pb_color=info["color"])
             pbgroups.append(info)
         cls = type(m).__name__
         if cls == "MolecularSurface":
             vc = m.vertex_colors
-            surfaces.append({"id": mid, "name": m.name, "shown": bool(m.display), "color": _hex(m.color),
-                             "vertex_colored": vc is not None, "transparent": bool(m.color[3] < 255)})
-        if cls in ("LabelModel",):
+            import hashlib
+            import numpy
+            digest = None if vc is None else hashlib.sha256(numpy.ascontiguousarray(vc, dtype=numpy.uint8).tobytes()).hexdigest()
+            surf = {"id": mid, "name": m.name, "shown": bool(m.display), "color": _hex(m.color),
+                    "vertex_colored": vc is not None, "vertex_colors_sha256": digest,
+                    "transparent": bool(m.color[3] < 255 or (vc is not None and (vc[:, 3] < 255).any()))}
+            surfaces.append(surf)
+            entry.update(surface=surf)
+        if cls == "LabelModel":
             lab = getattr(m, "label", None)
-            labels2d.append({"id": mid, "name": m.name, "text": getattr(lab, "text", None)})
+            info2d = {"id": mid, "name": m.name, "text": getattr(lab, "text", None),
+                      "scalebar_width": getattr(lab, "scalebar_width", None),
+                      "scalebar_height": getattr(lab, "scalebar_height", None)}
+            labels2d.append(info2d)
+            entry.update(label2d=info2d, scalebar_width=info2d["scalebar_width"],
+                         scalebar_height=info2d["scalebar_height"])
+        if cls == "ColorKeyModel":
+            entry.update(border=bool(getattr(m, "_border", False)), ticks=bool(getattr(m, "_ticks", False)))
         models.append(entry)
     sel_atoms = [k for k, v in atoms.items() if v["selected"]]
     sel_res = [k for k, v in residues.items() if v["selected"]]
@@ -157,8 +183,12 @@ def dump(session, out):
             text = html_to_plain(msg) if "<" in msg and ">" in msg else msg
             log.append({"level": level, "text": text.rstrip("\n")})
     from chimerax.atomic import selected_atoms
+    by_name = {}
+    for e_ in models:
+        by_name.setdefault(e_["name"], e_)
     state = {
         "models": models,
+        "models_by_name": by_name,
         "atoms": atoms,
         "residues": residues,
         "selection": {"atoms": int(len(selected_atoms(session))), "atom_specs": sel_atoms[:2000],
@@ -174,7 +204,8 @@ def dump(session, out):
                      "fill_intensity": round(float(light.fill_light_intensity), 4),
                      "ambient_intensity": round(float(light.ambient_light_intensity), 4),
                      "shadows": bool(light.shadows), "multishadow": int(light.multishadow),
-                     "depth_cue": bool(light.depth_cue)},
+                     "depth_cue": bool(light.depth_cue),
+                     "multishadow_depth_bias": round(float(light.multishadow_depth_bias), 4)},
         "silhouettes": {"enabled": bool(view.silhouette.enabled),
                         "thickness": round(float(view.silhouette.thickness), 4),
                         "depth_jump": round(float(view.silhouette.depth_jump), 4)},
