@@ -418,3 +418,110 @@ def test_gui_killed_app_truncates_and_reset_recovers(gui_env):
     assert trunc and not term and r == 0.0 and "chimerax exited" in info["error"]
     rewards, *_ = run_solution(gui_env, "color_chain_a_red")
     assert rewards[-1] == 1.0
+
+
+# ------------------------------------------------------------------ ScienceBoard's ChimeraX tasks
+SB_FILES = sorted(SB_DIR.glob("*.json"))
+needs_sb = pytest.mark.skipif(not SB_FILES, reason=f"ScienceBoard's task files are not in {SB_DIR} (SCIENCEBOARD_DIR)")
+# The tasks whose checks do not depend on the structure ScienceBoard opens (view, lighting, background,
+# 2D models, answers): their converted checks and oracles run on the engine with a shipped structure in
+# place of the PDB entry.
+DATA_FREE = ("A-06", "A-07", "A-08", "A-09", "B-05", "B-06", "B-08", "C-01", "C-02", "C-03", "C-04", "C-05",
+             "C-06", "C-07")
+
+
+def _converted() -> dict[str, dict]:
+    import coda_env  # noqa: F401
+    from coda_env.scienceboard import convert_file
+    from coda_env.tasks import TaskError
+    out = {}
+    for f in SB_FILES:
+        try:
+            out[f.stem] = convert_file(f)
+        except TaskError as e:
+            out[f.stem] = {"refused": str(e)}
+    return out
+
+
+@needs_sb
+def test_scienceboard_conversion_counts_and_reasons():
+    conv = _converted()
+    assert len(conv) == 29
+    refused = {k: v["refused"] for k, v in conv.items() if "refused" in v}
+    assert sorted(refused) == ["A-01", "D-03"], refused
+    assert "network" in refused["A-01"] and "Colab" in refused["D-03"]
+    oracles = json.loads((PKG / "scienceboard_oracles.json").read_text())
+    for stem, t in conv.items():
+        if "refused" in t:
+            continue
+        assert t["solution"] == oracles[stem] and t["origin"] == f"scienceboard:ChimeraX/{stem}"
+        needs_data = any(op["func"] == "chimerax_user_structure" for op in t["initialize"])
+        assert needs_data == ("requires" in t) and (not needs_data or "CODA_PDB_DIR" in t["requires"])
+    print(f"ScienceBoard ChimeraX: {len(conv) - len(refused)} of {len(conv)} converted; refused: {refused}")
+
+
+def test_scienceboard_refuses_what_it_cannot_map():
+    from coda_env.apps.chimerax import scienceboard as sbm
+    from coda_env.tasks import TaskError
+    base = {"type": "ChimeraX", "instruction": "x", "steps": 5, "initialize": []}
+    bad = [{"evaluate": [{"type": "states", "key": "_state_containers.x.y", "value": 1}]},
+           {"evaluate": [{"type": "states", "find": "lambda key, value: __import__('os')", "key": "lambda key: key", "pattern": ".+"}]},
+           {"evaluate": [{"type": "file", "key": "/home/user/x.pdb", "value": "ATOM"}]},
+           {"initialize": [{"func": "download", "url": "http://evil/x.cif", "path": "/home/user/x.cif"}],
+            "evaluate": [{"type": "stop", "value": "FAIL"}]},
+           {"initialize": [{"func": "open", "name": "../../etc"}], "evaluate": [{"type": "stop", "value": "FAIL"}]}]
+    for extra in bad:
+        with pytest.raises(TaskError):
+            sbm.convert({**base, **extra}, "X-99.json")
+
+
+def _substitute(task: dict) -> dict:
+    """The task with the shipped twohelix.pdb in place of the user-supplied PDB entry."""
+    ops = []
+    for op in task["initialize"]:
+        if op["func"] == "chimerax_user_structure":
+            continue
+        if op["func"] == "chimerax_open":
+            op = {"func": "chimerax_open", "data": "twohelix.pdb", **({"name": op["name"]} if "name" in op else {})}
+        ops.append(op)
+    return {**task, "initialize": ops}
+
+
+@needs_engine
+@needs_sb
+@pytest.mark.parametrize("stem", DATA_FREE)
+def test_scienceboard_data_free_oracles_on_engine(engine, stem):
+    task = _substitute(_converted()[stem])
+    engine.reset()
+    engine.setup(task)
+    results = engine.evaluate(task, None)
+    assert not all(ok for ok, _ in results), f"{stem} passes without doing anything: {results}"
+    engine.reset()
+    engine.setup(task)
+    for cmd in typed_commands(task["solution"]):
+        engine.app.typed(engine.desktop, cmd)
+    results = engine.evaluate(task, oracle_answer(task["solution"]))
+    assert all(ok for ok, _ in results), f"{stem}: {[d for ok, d in results if not ok]}"
+
+
+PDB_DIR = os.environ.get("CODA_PDB_DIR")
+
+
+@needs_engine
+@needs_sb
+@pytest.mark.skipif(not PDB_DIR, reason="set CODA_PDB_DIR to a folder of the PDB/AlphaFold mmCIF files ScienceBoard's "
+                    "ChimeraX tasks open (each converted task's `requires` lists them) to replay their oracles")
+@pytest.mark.parametrize("stem", [f.stem for f in SB_FILES])
+def test_scienceboard_oracles_with_user_structures_on_engine(engine, stem):
+    task = _converted()[stem]
+    if "refused" in task:
+        pytest.skip(task["refused"])
+    engine.reset()
+    ctx = SetupContext(desktop=engine.desktop, app=engine.app, home=engine.home, task=None)
+    from coda_env.registry import SETUP_OPS
+    for op in task["initialize"]:
+        SETUP_OPS[op["func"]].run(ctx, op)
+    for cmd in typed_commands(task["solution"]):
+        engine.app.typed(engine.desktop, cmd)
+    results = engine.evaluate(task, oracle_answer(task["solution"]))
+    assert all(ok for ok, _ in results), f"{stem}: {[d for ok, d in results if not ok]}"

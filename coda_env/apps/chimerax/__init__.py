@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import scienceboard
 from ._core import AppSpec, register_app
 from .adapter import MISSING, ChimeraX, find_chimerax
 from .checks import CHECKS
@@ -24,5 +25,6 @@ def available() -> str | None:
 
 SPEC = register_app(AppSpec(
     name="chimerax", env_id="coda/ChimeraX-v0", adapter=ChimeraX, checks=CHECKS, setup_ops=SETUP_OPS,
-    task_dir=Path(__file__).parent / "tasks", available=available,
+    task_dir=Path(__file__).parent / "tasks", available=available, scienceboard=scienceboard,
+    scienceboard_names=("ChimeraX",),
     description="UCSF ChimeraX: molecular structure visualisation and analysis"))

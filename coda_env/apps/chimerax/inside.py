@@ -189,6 +189,7 @@ def dump(session, out):
     state = {
         "models": models,
         "models_by_name": by_name,
+        "models_by_id": {e_["id"]: e_ for e_ in models},
         "atoms": atoms,
         "residues": residues,
         "selection": {"atoms": int(len(selected_atoms(session))), "atom_specs": sel_atoms[:2000],

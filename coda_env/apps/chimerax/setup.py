@@ -7,6 +7,7 @@ home; nothing is fetched.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -61,6 +62,8 @@ def _open_validate(op: dict) -> None:
             raise SetupError(f"'data' must name a structure in {DATA.name}/ ({shipped}), got {name!r}")
     else:
         _rel(op)
+    if "name" in op and not (isinstance(op["name"], str) and re.fullmatch(r"[A-Za-z0-9_.-]{1,60}", op["name"])):
+        raise SetupError(f"'name' must be a model name of letters, digits, _ . - (got {op['name']!r})")
     target = op.get("as", op.get("path", op.get("data")))
     if "as" in op:
         _rel(op, "as")
@@ -74,7 +77,39 @@ def _open(ctx: SetupContext, op: dict) -> None:
         ctx.write_file(rel, (DATA / op["data"]).read_bytes())
     else:
         rel = op["path"]
-    ctx.app.command(ctx.desktop, f"open {quote(ctx.path(rel))}")
+    name = f" name {op['name']}" if "name" in op else ""
+    ctx.app.command(ctx.desktop, f"open {quote(ctx.path(rel))}{name}")
+
+
+# ------------------------------------------------------------------ chimerax_user_structure
+ENTRY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,59}")
+
+
+def user_structure_dir() -> str | None:
+    return os.environ.get("CODA_PDB_DIR")
+
+
+def _user_validate(op: dict) -> None:
+    if not isinstance(op.get("entry"), str) or not ENTRY.fullmatch(op["entry"]):
+        raise SetupError(f"'entry' must be a PDB/AlphaFold entry name (letters, digits, _ -), got {op.get('entry')!r}")
+    _rel(op)
+
+
+def _user(ctx: SetupContext, op: dict) -> None:
+    """Copy a structure the user supplied ($CODA_PDB_DIR/<entry>.cif) into home: coda never fetches."""
+    folder = user_structure_dir()
+    src = Path(folder, op["entry"] + ".cif") if folder else None
+    if src is None or not src.is_file():
+        raise SetupError(f"this task needs the structure {op['entry']}.cif in $CODA_PDB_DIR "
+                         f"({'unset' if not folder else folder}); coda never fetches: download it once "
+                         f"({source_url(op['entry'])}) and set CODA_PDB_DIR")
+    ctx.write_file(op["path"], src.read_bytes())
+
+
+def source_url(entry: str) -> str:
+    if entry.startswith("AF-"):
+        return f"https://alphafold.ebi.ac.uk/files/{entry}.cif"
+    return f"https://files.rcsb.org/download/{entry}.cif"
 
 
 # ------------------------------------------------------------------ chimerax_command / turn / clear_log / save
@@ -122,7 +157,9 @@ def _none(op: dict) -> None:
 
 
 SETUP_OPS = [
-    SetupOp("chimerax_open", _open, _open_validate, (frozenset(), frozenset({"data", "path", "as"}))),
+    SetupOp("chimerax_open", _open, _open_validate, (frozenset(), frozenset({"data", "path", "as", "name"}))),
+    SetupOp("chimerax_user_structure", _user, _user_validate, (frozenset({"entry", "path"}), frozenset()),
+            phase="files"),
     SetupOp("chimerax_command", _command, _command_validate, (frozenset({"command"}), frozenset())),
     SetupOp("chimerax_turn", _turn, _turn_validate, (frozenset({"axis", "angle"}), frozenset())),
     SetupOp("chimerax_clear_log", _clear_log, _none, (frozenset(), frozenset())),
