@@ -31,7 +31,7 @@ DATA = HERE / "data"
 CODA_DIR = ".coda-chimerax"            # in the app's home: inside.py, state dumps
 STATE_FILE = f"{CODA_DIR}/state.json"
 # Where the Debian/Ubuntu .deb puts its launcher besides /usr/bin/chimerax (a symlink to it).
-DEB_PATHS = ("/usr/bin/chimerax", "/usr/lib/ucsf-chimerax/bin/ChimeraX")
+DEB_PATHS = ("/usr/bin/chimerax", "/usr/lib/ucsf-chimerax*/bin/ChimeraX")
 MISSING = ("ChimeraX is not installed (looked for CODA_CHIMERAX, `chimerax` on PATH and "
            + ", ".join(DEB_PATHS) + "): download the .deb from https://www.cgl.ucsf.edu/chimerax/download.html "
            "and install it on this machine (apt install ./ucsf-chimerax_*.deb), or add it to the VM image "
@@ -40,7 +40,9 @@ MISSING = ("ChimeraX is not installed (looked for CODA_CHIMERAX, `chimerax` on P
 
 def find_chimerax(binary: str | None = None) -> str | None:
     """The ChimeraX launcher on this machine: `binary`, $CODA_CHIMERAX, `chimerax` on PATH, the .deb's paths."""
-    for cand in (binary, os.environ.get("CODA_CHIMERAX"), shutil.which("chimerax"), *DEB_PATHS):
+    import glob
+    debs = [p for pattern in DEB_PATHS for p in sorted(glob.glob(pattern))]
+    for cand in (binary, os.environ.get("CODA_CHIMERAX"), shutil.which("chimerax"), *debs):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
@@ -98,6 +100,7 @@ class ChimeraX:
         self.home: str | None = None
         self._proc: subprocess.Popen | None = None
         self._initialized = False
+        self._a11y = None
 
     # ------------------------------------------------------------------ lifecycle
     def _find(self, desktop: Any) -> str:
@@ -170,6 +173,12 @@ class ChimeraX:
 
     def close(self) -> None:
         self._initialized = False
+        if self._a11y is not None:
+            try:
+                self._a11y.close()
+            except Exception:  # noqa: BLE001 - the bus may be gone with the desktop
+                pass
+            self._a11y = None
 
     # ------------------------------------------------------------------ commands and state
     def command(self, desktop: Any, text: str, timeout: float = 60.0) -> dict:
@@ -191,7 +200,9 @@ class ChimeraX:
         if not self.gui:
             return ""
         try:
-            tree = desktop.a11y().app_tree("ChimeraX", skip_roles=frozenset({"scroll bar"}), texts=True)
+            if self._a11y is None:
+                self._a11y = desktop.a11y()
+            tree = self._a11y.app_tree("ChimeraX", skip_roles=frozenset({"scroll bar"}), texts=True)
         except Exception as e:  # AT-SPI can be missing or slow; the observation says so instead of failing
             return f"(accessibility tree unavailable: {e})"
         if tree is None:
