@@ -83,6 +83,8 @@ def test_check_validation():
            ("states", {"path": "a", "pattern": "(a+)+"}), ("chimerax_info", {"command": "color red", "value": 1}),
            ("chimerax_info", {"command": "info models; close", "value": 1}),
            ("chimerax_info", {"command": "measure center /A mark true; save x", "value": 1}),
+           ("chimerax_info", {"command": "measure center /A mark true", "value": 1}),
+           ("chimerax_info", {"command": "info models saveFile /tmp/x", "value": 1}),
            ("chimerax_file", {"path": "../x.pdb", "atoms": 1}), ("chimerax_file", {"path": "x.pdb", "width": 1}),
            ("chimerax_file", {"path": "x.pdb", "state": [{"path": "a", "value": 1}]}),
            ("chimerax_file", {"path": "x.pdb"})]
@@ -240,6 +242,17 @@ def test_launch_profile_and_ready(engine):
     assert engine.app.command(engine.desktop, "version")["error"] is None
     with pytest.raises(AppError, match="Unknown command"):
         engine.app.command(engine.desktop, "nosuchcommand")
+
+
+@needs_engine
+def test_engine_leaves_no_process_behind():
+    from .conftest import live_token_pids
+    e = Engine()
+    token = e.desktop.token
+    pid = e.proc.pid
+    e.close()
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] in "ZX"
+    assert live_token_pids(token) == []
 
 
 @needs_engine

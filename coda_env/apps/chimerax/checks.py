@@ -126,7 +126,9 @@ def _info_validate(c: dict) -> None:
         raise CheckError("chimerax_info needs either 'command' (a read-only query) or 'log': true")
     if "command" in c:
         cmd = c["command"]
-        if not isinstance(cmd, str) or ";" in cmd or "\n" in cmd or not READ_ONLY.match(cmd):
+        from .setup import FILE_KEYWORDS
+        if (not isinstance(cmd, str) or ";" in cmd or "\n" in cmd or not READ_ONLY.match(cmd)
+                or FILE_KEYWORDS.search(cmd) or re.search(r"(?i)\b(mark|savefile)\b", cmd)):
             raise CheckError(f"'command' must be one read-only query (info ..., measure center|sasa|area|"
                              f"length|volume|inertia ..., getcrd ...), got {cmd!r}")
     if "json" in c and not isinstance(c["json"], (str, list)):
