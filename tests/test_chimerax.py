@@ -36,6 +36,7 @@ def load_tasks() -> list[dict]:
 
 
 # ------------------------------------------------------------------ fast logic tests (no app)
+@pytest.mark.fast
 def test_missing_chimerax_is_one_clear_line(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("CODA_CHIMERAX", raising=False)
@@ -49,6 +50,7 @@ def test_missing_chimerax_is_one_clear_line(monkeypatch):
         assert needed in msg
 
 
+@pytest.mark.fast
 def test_command_whitelist():
     assert su.check_command("color /A red; style ball") == "color /A red; style ball"
     for bad in ("open /etc/passwd", "save ~/x.pdb", "runscript x.py", "shell ls", "color red; pyscript x",
@@ -57,6 +59,7 @@ def test_command_whitelist():
             su.check_command(bad)
 
 
+@pytest.mark.fast
 def test_setup_op_validation():
     OPS["chimerax_open"].validate({"data": "twohelix.pdb"})
     OPS["chimerax_open"].validate({"path": "in/x.cif"})
@@ -73,6 +76,7 @@ def test_setup_op_validation():
             OPS["chimerax_save"].validate(bad)
 
 
+@pytest.mark.fast
 def test_check_validation():
     CHECKS["states"].validate({"path": "models.0.name", "value": "x"})
     CHECKS["chimerax_info"].validate({"command": "info models", "json": "0.value", "value": "x"})
@@ -93,6 +97,7 @@ def test_check_validation():
             CHECKS[name].validate(c)
 
 
+@pytest.mark.fast
 def test_states_paths_and_tolerance():
     state = {"models": [{"name": "m", "chains": [{"id": "A"}]}], "camera": {"view_direction": [0.0, 0.0, -1.0]},
              "atoms": {"#1/A:1@CA": {"coord": [1.0, 2.0, 3.0]}}}
@@ -108,6 +113,7 @@ def test_states_paths_and_tolerance():
     assert not ok and "models.3" in detail
 
 
+@pytest.mark.fast
 def test_structure_summary_and_image_size():
     text = (PKG / "data" / "twohelix.pdb").read_text()
     s = ck.structure_summary(text, cif=False)
@@ -117,6 +123,7 @@ def test_structure_summary_and_image_size():
     assert ck.image_size(b"not an image") is None
 
 
+@pytest.mark.fast
 def test_shipped_structures_are_what_the_generator_writes():
     import importlib.util
     spec = importlib.util.spec_from_file_location("make_structures", PKG / "data" / "make_structures.py")
@@ -126,6 +133,7 @@ def test_shipped_structures_are_what_the_generator_writes():
         assert (PKG / "data" / name).read_text() == text, name
 
 
+@pytest.mark.fast
 def test_task_files_are_valid():
     tasks = load_tasks()
     assert len(tasks) >= 25
@@ -356,6 +364,7 @@ def test_task_oracle_commands(engine, task):
     assert all(ok for ok, _ in results), f"{task['id']}: {results}"
 
 
+@pytest.mark.fast
 def test_gym_make_without_chimerax_raises_one_clear_error(monkeypatch):
     """The engine is not the GUI: gym.make with no real ChimeraX refuses, naming both ways to get it."""
     import gymnasium as gym
@@ -457,6 +466,7 @@ def _converted() -> dict[str, dict]:
     return out
 
 
+@pytest.mark.fast
 @needs_sb
 def test_scienceboard_conversion_counts_and_reasons():
     conv = _converted()
@@ -474,6 +484,7 @@ def test_scienceboard_conversion_counts_and_reasons():
     print(f"ScienceBoard ChimeraX: {len(conv) - len(refused)} of {len(conv)} converted; refused: {refused}")
 
 
+@pytest.mark.fast
 def test_scienceboard_refuses_what_it_cannot_map():
     from coda_env.apps.chimerax import scienceboard as sbm
     from coda_env.tasks import TaskError
