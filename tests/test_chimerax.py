@@ -294,6 +294,36 @@ def test_state_fields(engine):
 
 
 @needs_engine
+def test_state_fields_for_scienceboard_mappings(engine):
+    """The fields ScienceBoard's keys map onto: bounds, view rotation, markers, pseudobond colours, surface
+    vertex colours, nucleotide styling, colour key, scale bar, shadow depth bias, models by id and name."""
+    engine.reset()
+    e, d = engine, engine.desktop
+    e.setup({"initialize": [{"func": "chimerax_open", "data": "twohelix.pdb"}]})
+    before = e.app.state(d)
+    for cmd in ("turn y 30", "define centroid :HOH radius 1", "hbonds color rgb(139,0,0)", "surface /A",
+                "rainbow /A target s", "key red:low blue:high", "key border false ticks true",
+                "scalebar 10 thickness 4", "lighting soft"):
+        e.app.typed(d, cmd)
+    s = e.app.state(d)
+    m1 = s["models_by_id"]["#1"]
+    assert m1 is s["models_by_name"]["twohelix.pdb"] or m1 == s["models_by_name"]["twohelix.pdb"]
+    assert m1["bounds"]["xyz_min"] != before["models_by_id"]["#1"]["bounds"]["xyz_min"]  # turned
+    assert abs(m1["view_rotation"][0][0] - 0.866) < 1e-3  # cos 30
+    assert m1["nucleotides"]["drawing"] is False
+    c = s["models_by_name"]["centroid"]["markers"][0]
+    assert c["radius"] == 1.0 and c["coord"] == [4.3333, 4.3333, 2.3333]
+    hb = s["models_by_name"]["hydrogen bonds"]
+    assert hb["pseudobonds"] > 0 and hb["pb_colors"] == ["#8b0000"]
+    surf = s["models_by_name"]["twohelix.pdb_A SES surface"]["surface"]
+    assert surf["vertex_colored"] and len(surf["vertex_colors_sha256"]) == 64
+    assert s["models_by_name"]["Color key"]["border"] is False and s["models_by_name"]["Color key"]["ticks"] is True
+    assert s["models_by_name"]["scalebar"]["scalebar_width"] == 10.0
+    assert s["models_by_name"]["scalebar"]["scalebar_height"] == 4.0
+    assert s["lighting"]["multishadow_depth_bias"] == 0.01 and s["lighting"]["ambient_intensity"] == 1.5
+
+
+@needs_engine
 def test_setup_ops(engine):
     engine.reset()
     e, d = engine, engine.desktop

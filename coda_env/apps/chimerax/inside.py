@@ -138,7 +138,7 @@ def dump(session, out):
         if isinstance(m, Structure):
             entry.update(_structure(m, atoms, residues, budget))
             budget -= entry["atoms"]
-            if hasattr(m, "create_marker"):  # a marker set (centroids, axes markers)
+            if hasattr(m, "create_marker") or type(m).__name__ == "CentroidModel":  # markers, centroids
                 entry["markers"] = [{"coord": _floats(a.scene_coord), "radius": round(float(a.radius), 4)}
                                     for a in m.atoms[:100]]
         elif isinstance(m, PseudobondGroup):
