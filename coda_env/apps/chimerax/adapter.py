@@ -17,9 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +53,14 @@ def free_port() -> int:
 
 
 def http_get(desktop: Any, port: int, path: str, timeout: float) -> bytes:
-    """GET http://127.0.0.1:port/path where the app runs (the desktop's http_get when it has one)."""
+    """GET http://127.0.0.1:port/path where the app runs: the desktop's http_get (urllib on this machine, a
+    request inside the guest for a VM); a desktop without one cannot reach the app, so no host fallback."""
     get = getattr(desktop, "http_get", None)
-    if get is not None:
-        try:
-            return get(port, path, timeout)
-        except Exception as e:  # the desktop's own error type: report as the app's
-            raise AppError(f"ChimeraX's REST server on port {port} did not answer {path[:80]!r}: {e}") from None
+    if get is None:
+        raise AppError(f"the {type(desktop).__name__} desktop has no http_get: ChimeraX's REST server is unreachable")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-            return r.read()
-    except (urllib.error.URLError, OSError) as e:
+        return get(port, path, timeout)
+    except Exception as e:  # the desktop's own error type: report it as the app's
         raise AppError(f"ChimeraX's REST server on port {port} did not answer {path[:80]!r}: {e}") from None
 
 
