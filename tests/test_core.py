@@ -445,3 +445,35 @@ def test_every_app_and_backend_conforms_to_its_protocol():
         missing = [m for m in desk_members if m not in ("width", "height") and not hasattr(cls, m)]
         assert not missing, f"{cls.__name__} lacks {missing}"
         assert isinstance(cls.capabilities, frozenset) and cls.capabilities <= {"a11y", "snapshots"}
+
+
+def test_a_task_may_need_two_apps_on_one_desktop():
+    class Second(FakeApp):
+        name = "second"
+
+        def launch(self, ctx):
+            self.proc = ctx.desktop.spawn(["second-app"])
+            return self.proc
+
+        def state(self, desktop):
+            return {"running": self.proc is not None and self.proc.poll() is None}
+
+    register_app(AppSpec(name="second", env_id="coda/Second-v0", adapter=Second, env_kwargs={"backend": "fake"}))
+    register_fake([*__import__("coda_env.backends.fake", fromlist=["FAKE_TASKS"]).FAKE_TASKS,
+                   {"id": "both", "app": "fake", "apps": ["second"], "instruction": "Type 1, Enter.", "steps": 3,
+                    "evaluate": [{"type": "state", "path": "value", "value": "1"},
+                                 {"type": "state", "app": "second", "path": "running", "value": True}],
+                    "solution": ["pyautogui.write('1')", "pyautogui.press('enter')", "DONE"]}])
+    try:
+        env = make()
+        r, info = play(env, "both")
+        assert r == 1.0 and len(info["checks"]) == 2, info
+        assert set(env.unwrapped.procs) == {"fake", "second"}
+        env.unwrapped.procs["second"].kill()                 # the second app dies: the episode says which
+        env.reset(options={"task": "both"})
+        env.unwrapped.procs["second"].kill()
+        _, _, _, trunc, info = env.step("WAIT")
+        assert trunc and "second exited" in info["error"]
+        env.close()
+    finally:
+        unregister_app("second")
