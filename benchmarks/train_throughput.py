@@ -12,7 +12,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from coda_agent.grpo import GRPOConfig, train
+from coda_agent.train.grpo import GRPOConfig, train
 from coda_agent.models import TransformersVLM
 from coda_agent.tiny import build_tiny_qwen2_5_vl
 

@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("app", nargs="?", default="kalgebra")
     from coda_agent.eval import add_arguments
     add_arguments(sub.add_parser("eval", help="run an agent over a task suite (or: coda eval compare A B)"))
-    train = sub.add_parser("train", help="train the planner: `coda train grpo ...`, `coda train sft ...`")
+    train = sub.add_parser("train", help="train: coda train METHOD ... (coda train --help lists the methods)")
     if argv[:1] == ["train"]:                   # torch is imported only for this command
-        from coda_agent.train_cli import add_arguments as add_train_arguments
+        from coda_agent.train import add_arguments as add_train_arguments
         add_train_arguments(train)
     args = p.parse_args(argv)
     if args.cmd == "envs":
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{tid:<28}{task.category:<12}{task.difficulty:<8}{task.instruction[:70]}")
         return 0
     if args.cmd == "train":
-        from coda_agent.train_cli import main_train
+        from coda_agent.train import main_train
         try:
             return main_train(args)
         except (ValueError, RuntimeError, OSError) as e:   # ModelError, bad config, missing checkpoint ...
