@@ -5,9 +5,9 @@ Every agent has the same two calls:
     act([(slot, obs), ...])      -> one AgentStep per entry: the env action and a record of how it was made
 Each AgentStep carries every model input (images as placeholders) and output, and its parse errors, so a
 trajectory file shows exactly what each model was asked and said, and a `Sample` (rollout.py) of each model
-call whose answer was used and whose model gave token ids, which is what trainers learn from. Agents: `coda` (planner + executor), the
-baselines `uitars` (UI-TARS alone), `planner-only` (the planner writes pyautogui code, as ScienceBoard's
-agents do), `oracle` (replays the task's solution), `random`, and `done` (answers DONE at once).
+call whose answer was used and whose model gave token ids: what trainers learn from. Agents: `coda` (planner
++ executor), the baselines `uitars` (UI-TARS alone), `planner-only` (the planner writes pyautogui code, as
+ScienceBoard's agents do), `oracle` (replays the task's solution), `random`, and `done` (answers DONE at once).
 """
 from __future__ import annotations
 

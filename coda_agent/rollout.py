@@ -114,7 +114,7 @@ def make_vector_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.Vect
 
 
 OnStart = Callable[[int, Any, int, np.ndarray], None]                     # slot, task, episode, first screenshot
-OnStep = Callable[[int, "AgentStep", np.ndarray, float, dict, float], None]  # slot, step, screenshot, reward, info, agent s
+OnStep = Callable[[int, "AgentStep", np.ndarray, float, dict, float], None]  # slot, step, screen, reward, info, agent s
 OnEnd = Callable[[int, float, dict], None]                               # slot, final reward, final info
 
 
