@@ -12,7 +12,7 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest -q -m "not slow and not vm and not gpu and not wip"
 
-# Seconds, no X server: logic on fakes and tiny models (marker `fast`).
+# The fast tier: fakes only, no X server (well under a minute).
 test-fast: setup
 	.venv/bin/python -m pytest -q -m fast
 

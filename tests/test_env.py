@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -50,9 +51,10 @@ def test_observation_and_info(kalgebra_env):
     assert kalgebra_env.observation_space.contains(obs)
     shot = obs["screenshot"]
     assert shot.shape == (800, 1280, 3) and shot.dtype == np.uint8 and shot.std() > 0
-    assert set(info["timings"]) >= {"desktop", "launch", "setup", "settle", "reset"}
+    assert set(kalgebra_env.timings) >= {"desktop", "launch", "setup", "settle", "reset"}
+    assert "timings" not in info      # opt-in (info_timings=True): check_env wants identical infos
     obs, r, term, trunc, info = kalgebra_env.step("pyautogui.click(500, 751)")
-    assert set(info["timings"]) >= {"action", "settle", "screenshot"}
+    assert set(kalgebra_env.timings) >= {"action", "settle", "screenshot"}
     assert (r, term, trunc) == (0.0, False, False)
     # the step budget truncates and still scores
     for _ in range(kalgebra_env.unwrapped.tasks["calc_power"].steps - 1):
@@ -63,7 +65,7 @@ def test_observation_and_info(kalgebra_env):
 
 
 def test_render_rgb_array():
-    env = CodaEnv(task="calc_power", render_mode="rgb_array")
+    env = CodaEnv("kalgebra", task="calc_power", render_mode="rgb_array")
     try:
         obs, _ = env.reset(seed=0)
         frame = env.render()
@@ -73,7 +75,7 @@ def test_render_rgb_array():
 
 
 def test_a11y_tree_observation():
-    env = CodaEnv(task="calc_power", a11y_tree=True)
+    env = CodaEnv("kalgebra", task="calc_power", a11y_tree=True)
     try:
         obs, _ = env.reset(seed=0)
         assert "Variables" in obs["a11y_tree"] and "Calculator" in obs["a11y_tree"]
@@ -83,7 +85,7 @@ def test_a11y_tree_observation():
 
 def test_check_env_passes():
     from gymnasium.utils.env_checker import check_env
-    env = CodaEnv(task="calc_power", info_timings=False)
+    env = CodaEnv("kalgebra", task="calc_power", info_timings=False)
     try:
         check_env(env, skip_render_check=True)
     finally:
@@ -123,7 +125,7 @@ def test_unknown_task_is_a_clear_error(kalgebra_env):
 
 def test_killing_the_app_truncates_and_reset_recovers(kalgebra_env):
     kalgebra_env.reset(options={"task": "calc_power"})
-    proc = kalgebra_env.unwrapped._proc
+    proc = kalgebra_env.unwrapped.procs["kalgebra"]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=5)
     obs, r, term, trunc, info = kalgebra_env.step("pyautogui.click(500, 751)")
@@ -150,7 +152,7 @@ def test_killing_xvfb_truncates_and_reset_recovers(kalgebra_env):
 
 
 def test_no_orphans_after_close():
-    env = CodaEnv(task="calc_power")
+    env = CodaEnv("kalgebra", task="calc_power")
     env.reset(seed=0)
     token = env.desktop.token
     names = {open(f"/proc/{p}/comm").read().strip() for p in live_token_pids(token)}
@@ -161,7 +163,7 @@ def test_no_orphans_after_close():
 
 def test_no_orphans_after_gc():
     import gc
-    env = CodaEnv(task="calc_power")
+    env = CodaEnv("kalgebra", task="calc_power")
     env.reset(seed=0)
     token = env.desktop.token
     assert live_token_pids(token)
@@ -173,7 +175,7 @@ def test_no_orphans_after_gc():
 HOLDER = """
 import json, sys, time
 from coda_env.env import CodaEnv
-envs = [CodaEnv(task="calc_power") for _ in range(2)]
+envs = [CodaEnv("kalgebra", task="calc_power") for _ in range(2)]
 for e in envs:
     e.reset(seed=0)
 print(json.dumps([e.desktop.token for e in envs]), flush=True)
@@ -197,7 +199,7 @@ def test_no_orphans_after_parent_sigkill():
 
 
 def test_two_envs_in_one_process_are_isolated():
-    a, b = CodaEnv(task="calc_power"), CodaEnv(task="calc_power")
+    a, b = CodaEnv("kalgebra", task="calc_power"), CodaEnv("kalgebra", task="calc_power")
     try:
         a.reset(seed=0)
         b.reset(seed=0)
@@ -268,7 +270,7 @@ def test_guest_a11y_reader_reads_what_the_client_reads(kalgebra_env):
     """The libvirt backend reads app state by running coda_env/a11y.py in the guest; the same script run on
     this desktop's bus gives KAlgebra's adapter the same state, tab and widget positions as the live client."""
     from coda_env.a11y import A11yError
-    from coda_env.apps.kalgebra import _DETAILS, _STATE_SKIP, KAlgebra
+    from coda_env.apps.kalgebra.adapter import _DETAILS, _STATE_SKIP, KAlgebra
     rewards, *_ = run_solution(kalgebra_env, "calc_power")
     assert rewards[-1] == 1.0
     desktop = kalgebra_env.unwrapped.desktop
@@ -301,8 +303,8 @@ def test_guest_a11y_reader_reads_what_the_client_reads(kalgebra_env):
 
 def test_guest_a11y_reader_errors_are_clear(kalgebra_env):
     from coda_env.a11y import A11yError
-    from coda_env.apps import AppError
-    from coda_env.apps.kalgebra import KAlgebra
+    from coda_env.registry import AppError
+    from coda_env.apps.kalgebra.adapter import KAlgebra
     kalgebra_env.reset(options={"task": "calc_power"})
     desktop = kalgebra_env.unwrapped.desktop
     broken = _GuestView(desktop, address="unix:path=/nonexistent/bus")
@@ -325,3 +327,27 @@ def test_a11y_script_takes_the_bus_from_its_environment(kalgebra_env):
     p = subprocess.run([sys.executable, a11y.__file__, "apps", "-"], env=desktop.env, capture_output=True,
                        timeout=60)
     assert p.returncode == 0 and "kalgebra" in p.stdout.decode().split("\n"), p.stderr
+
+
+def test_a_users_task_folder_runs_like_a_shipped_task(tmp_path, monkeypatch, capsys):
+    """A task of the user's own, in CODA_TASKS_PATH or --tasks-dir: listed, and its oracle scores 1.0."""
+    from coda_agent.cli import main
+    mine = {**json.loads(Path(load_tasks("kalgebra")["calc_power"].path).read_text()), "id": "my_power_of_two",
+            "instruction": "Store 2^10 in a variable named b.", "evaluate": [{"type": "val", "name": "b", "value": 1024}],
+            "solution": ["pyautogui.click(500, 751)", "pyautogui.write('b:=2^10')", "pyautogui.press('enter')", "DONE"]}
+    (tmp_path / "kalgebra").mkdir()
+    (tmp_path / "kalgebra" / "my_power_of_two.json").write_text(json.dumps(mine))
+    monkeypatch.setenv("CODA_TASKS_PATH", str(tmp_path))
+    assert main(["tasks", "kalgebra"]) == 0
+    assert "my_power_of_two" in capsys.readouterr().out
+    env = gym.make("coda/KAlgebra-v0", task="my_power_of_two")
+    try:
+        rewards, term, _, info = run_solution(env, "my_power_of_two")
+        assert term and rewards[-1] == 1.0, info
+    finally:
+        env.close()
+    monkeypatch.delenv("CODA_TASKS_PATH")
+    out = tmp_path / "run"
+    assert main(["eval", "--agent", "oracle", "--tasks-dir", str(tmp_path), "--tasks", "my_power_of_two",
+                 "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "results.json").read_text())["summary"]["overall"]["rate"] == 1.0

@@ -204,15 +204,15 @@ def test_collect_groups_tags_samples_with_role_group_and_reward():
     import gymnasium as gym
 
     from coda_agent.rollout import collect_groups
-    from tests.fakes import FAKE_ENV_ID, FakeAlternatingEnv
+    from tests.fakes import FAKE_ENV_ID
     envs = gym.make_vec(FAKE_ENV_ID, num_envs=1, vectorization_mode="sync",
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
     try:
-        rollouts = collect_groups(envs, _FakeAgent(), FakeAlternatingEnv().tasks, ["fake_b", "fake_a", "fake_b"], 2,
-                                  seed=0)
+        tasks = common.probe_env(FAKE_ENV_ID).tasks
+        rollouts = collect_groups(envs, _FakeAgent(), tasks, ["fake_answer", "fake_note", "fake_answer"], 2, seed=0)
     finally:
         envs.close()
-    assert [r.group for r in rollouts] == ["fake_b#0"] * 2 + ["fake_a#1"] * 2 + ["fake_b#2"] * 2
+    assert [r.group for r in rollouts] == ["fake_answer#0"] * 2 + ["fake_note#1"] * 2 + ["fake_answer#2"] * 2
     assert [r.reward for r in rollouts] == [1.0, 0.0] * 3                     # the fake alternates
     for r in rollouts:
         assert [s.role for s in r.samples] == ["planner", "executor"]
@@ -222,7 +222,7 @@ def test_collect_groups_tags_samples_with_role_group_and_reward():
 # ------------------------------------------------------------------------------------------ the loop
 def _fake_cfg(tmp, **kw):
     from tests.fakes import FAKE_ENV_ID
-    base = dict(env=FAKE_ENV_ID, tasks=["fake_a", "fake_b"], out=str(tmp), iterations=3, tasks_per_iteration=2,
+    base = dict(env=FAKE_ENV_ID, tasks=["fake_answer", "fake_type_42"], out=str(tmp), iterations=3, tasks_per_iteration=2,
                 group_size=2, num_envs=1, max_steps=1, max_new_tokens=6, executor_max_new_tokens=4,
                 executor_tries=1, lr=1e-3, lora_r=4, lora_alpha=8, micro_batch=4, kl_coef=0.01)
     return GRPOConfig(**{**base, **kw})
@@ -230,7 +230,7 @@ def _fake_cfg(tmp, **kw):
 
 @fast
 def test_grpo_loop_progress_per_iteration_metrics_and_resume(tiny_dir, tiny_executor_dir, tmp_path, monkeypatch):
-    """On a FAKE env (rewards alternate 1, 0 whatever the agent does), the real GRPO loop with tiny models:
+    """On the FAKE app (rewards alternate 1, 0 whatever the agent does), the real GRPO loop with tiny models:
     the progress bar advances once per iteration, right after that iteration's record is written; the
     checkpoint resumes; the trained planner is exported."""
     from tqdm import tqdm
@@ -277,7 +277,7 @@ def test_grpo_trains_uitars_end_to_end_by_role(tiny_dir, tmp_path):
 def test_train_help_lists_methods_and_every_flag_with_its_default(capsys):
     import dataclasses
 
-    from coda_env.cli import main
+    from coda_agent.cli import main
     with pytest.raises(SystemExit) as e:
         main(["train", "--help"])
     assert e.value.code == 0
@@ -300,7 +300,7 @@ def test_train_help_lists_methods_and_every_flag_with_its_default(capsys):
 def test_train_cli_config_file_and_flags(tmp_path, monkeypatch):
     import argparse
 
-    from coda_env.cli import main
+    from coda_agent.cli import main
     monkeypatch.chdir(tmp_path)
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -421,7 +421,7 @@ def test_stage2_sft_on_successful_trajectories(learned):
     assert [json.loads(x)["epoch"] for x in (tmp / "sft" / "metrics.jsonl").read_text().splitlines()] == \
         list(range(7))
     # the generalist is a self-contained checkpoint that `coda eval` runs on the app's tasks
-    from coda_env.cli import main
+    from coda_agent.cli import main
     rc = main(["eval", "--env", "coda/KAlgebra-v0", "--agent", "coda", "--planner", str(tmp / "sft" / "planner"),
                "--executor", str(tmp / "executor"), "--tasks", "calc_ans_multiply", "--max-steps", "1",
                "--out", str(tmp / "eval-generalist"), "--quiet"])
