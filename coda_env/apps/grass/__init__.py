@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from . import scienceboard
-from ._shim import AppSpec, register_app
+from ...registry import AppSpec, register_app
 from .adapter import SETUP_OPS, Grass
 from .checks import CHECKS
 from .data import SYSTEM_PYTHON, set_grassdata  # noqa: F401  (coda import-scienceboard --grassdata)

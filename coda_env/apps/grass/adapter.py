@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import data
-from ._shim import AppError, SetupError, SetupOp
+from ...registry import AppError, SetupError, SetupOp
 
 SOCKET_ENV = "CODA_GRASS_STATE_SOCKET"
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
@@ -94,6 +94,8 @@ class Grass:
                     data.copy_location(extra_db, extra, home)
         except (data.DataError, OSError) as e:
             raise AppError(f"cannot set up the GRASS database: {e}") from None
+        finally:  # one adapter serves every reset: the next task's `location` ops choose afresh
+            self.location_source, self.extra_locations = None, []
         site = Path(home, ".local", "lib", f"python{system_python_version()}", "site-packages")
         desktop.write_file(str(site / "coda_grass_state.py"), Path(__file__).with_name("guistate.py").read_bytes())
         desktop.write_file(str(site / "usercustomize.py"), USERCUSTOMIZE.encode())

@@ -27,7 +27,8 @@ import math
 import re
 from typing import Any
 
-from ._shim import AppError, CheckError, CheckType, compile_predicate
+from ...checks import compile_predicate
+from ...registry import AppError, CheckError, CheckType
 
 TESTS = ("value", "gt", "ge", "lt", "le", "contains", "all_in", "one_of", "exists", "expr")
 _MISSING = object()
@@ -66,6 +67,8 @@ def _path_items(path: Any) -> list:
         return [int(p) if p.lstrip("-").isdigit() else p for p in path.split(".")] if path else []
     if isinstance(path, list):
         return path
+    if isinstance(path, int) and not isinstance(path, bool):
+        return [path]
     raise CheckError(f"path must be a dotted string or a list, got {type(path).__name__}")
 
 
