@@ -38,6 +38,10 @@ SOCKET_ENV = "CODA_GRASS_STATE_SOCKET"
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
 A11Y_ROWS = 400
 _A11Y_SKIP = frozenset({"menu", "popup menu"})   # closed menus' items are not on screen
+_A11Y_ROLES = frozenset({"frame", "dialog", "menu", "menu item", "push button", "toggle button", "check box",
+                         "radio button", "combo box", "text", "page tab", "spin button", "slider", "label",
+                         "list item", "table cell", "tree item"})
+A11Y_APP_NAMES = ("wxgui.py", "GRASS GIS", "python3")     # how wxGTK may name the GUI on the bus
 # wx.json, GRASS's own preferences: no locale dialog (no en_US locale here), no Python shell tab, and the
 # single-window layout (GRASS 8.4's default, which ScienceBoard's tasks were made on; 8.2 offers it as an
 # option): Data Catalog, Layers, Map Display, Tools and Console in one window that the desktop maximizes
@@ -201,30 +205,28 @@ class Grass:
             pass
         return "\n".join(rows[: A11Y_ROWS + 1])
 
+    _a11y_name: str | None = None
+
     def _a11y_rows(self, client) -> list[str]:
-        from ...a11y import ACC
-        out = []
-        for app in client.applications():
-            if "wxgui" not in app.name and app.name not in ("python3", "GRASS GIS"):
+        """The showing widgets AT-SPI knows of (menus, toolbar buttons, tabs, text fields), through the
+        A11ySource API only (so a VM's reader works too): states and boxes come with the tree read."""
+        names = [self._a11y_name] if self._a11y_name else list(A11Y_APP_NAMES)
+        for name in names:
+            root = client.app_tree(name, skip_roles=_A11Y_SKIP, details_roles=_A11Y_ROLES)
+            if root is None:
                 continue
-            root = client.tree(app, skip_roles=_A11Y_SKIP)
-            nodes = [n for n in root.walk() if n.role not in ("application", "filler", "panel", "") and n.name]
-            if not nodes:
-                continue
-            res = client._many([(n.bus, n.path, ACC, "GetState", None, ()) for n in nodes]
-                               + [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,))
-                                  for n in nodes])
-            from ...a11y import _state_names
-            for n, st, ext in zip(nodes, res[: len(nodes)], res[len(nodes):]):
-                if not st or "showing" not in _state_names(st[0]) or not ext:
+            self._a11y_name = name
+            out = []
+            for n in root.walk():
+                if n.role not in _A11Y_ROLES or not n.name or not n.extents or "showing" not in (n.states or ()):
                     continue
-                x, y, w, h = ext[0]
-                if w <= 0 or h <= 0:
-                    continue
-                out.append(f"{n.role}\t{n.name[:80]}\t{x},{y},{w},{h}")
-                if len(out) >= A11Y_ROWS:
-                    return out
-        return out
+                x, y, w, h = n.extents
+                if w > 0 and h > 0:
+                    out.append(f"{n.role}\t{n.name[:80]}\t{x},{y},{w},{h}")
+                    if len(out) >= A11Y_ROWS:
+                        break
+            return out
+        return []
 
 
 def run_query(desktop, home: str | None, database: dict, module: str, args: list[str],

@@ -146,6 +146,7 @@ def _ping():
     if disp is not None:
         mgr = disp.GetMap().GetRenderMgr()
         rendering = bool(getattr(mgr, "_rendering", False))
+
     return {"ok": True, "ready": ready, "rendering": rendering, "busy": _busy(lmgr)}
 
 
@@ -320,13 +321,18 @@ def _set_scale(scale):
 
 
 def _close_splash():
-    """wxgui.py shows its splash for a fixed 3 s; once the windows are up it only hides them."""
+    """wxgui.py shows its splash for a fixed 3 s; once the windows are up it only hides them. Then every
+    window is laid out and painted now (Update), so the first screenshot shows the finished GUI."""
     import wx
     n = 0
     for w in wx.GetTopLevelWindows():
         if type(w).__name__ == "SplashScreen":
             w.Destroy()
             n += 1
+    for w in wx.GetTopLevelWindows():
+        if w.IsShown():
+            w.Refresh()
+            w.Update()
     return {"ok": True, "closed": n}
 
 
