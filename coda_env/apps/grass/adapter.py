@@ -47,9 +47,10 @@ A11Y_APP_NAMES = ("wxgui.py", "GRASS GIS", "python3")     # how wxGTK may name t
 # option): Data Catalog, Layers, Map Display, Tools and Console in one window that the desktop maximizes
 WX_SETTINGS = {
     "language": {"locale": {"lc_all": "C"}},
-    "manager": {"hideTabs": {"pyshell": True}},
+    "manager": {"hideTabs": {"pyshell": True, "search": True}},
     "general": {"singleWindow": {"enabled": True}},
 }
+QUICK_ANSWER, QUICK_ANSWERS = 0.05, 3      # ready: the GUI thread answered within 50 ms three times running
 USERCUSTOMIZE = "import coda_grass_state\ncoda_grass_state.install()\n"
 
 
@@ -78,6 +79,7 @@ class Grass:
         self.location_source: tuple[str, str, str] | None = None   # (source GISDBASE, location, mapset)
         self.extra_locations: list[tuple[str, str]] = []            # (source GISDBASE, location): copied too
         self.gisdbase: str | None = None
+        self._quick, self._splash_closed = 0, False
         self.location = data.LOCATION
         self.mapset = data.MAPSET
 
@@ -109,6 +111,7 @@ class Grass:
         env = {**data.grass_env(home), SOCKET_ENV: self._sock, "XDG_CONFIG_HOME": str(Path(home, ".config")),
                "XDG_CACHE_HOME": str(Path(home, ".cache")), "NO_AT_BRIDGE": "0"}
         mapset = str(Path(self.gisdbase, self.location, self.mapset))
+        self._quick, self._splash_closed = 0, False
         self._proc = desktop.spawn(["grass", "--gui", mapset], env=env, cwd=home, log=str(Path(home, "grass.log")))
         return self._proc
 
@@ -159,9 +162,17 @@ class Grass:
         try:
             ping = self.request({"op": "ping"}, timeout=2)
             if not ping.get("ready") or ping.get("rendering"):
+                self._quick = 0
                 return False
-            self.request({"op": "close_splash"}, timeout=2)
-            return True
+            if not self._splash_closed:
+                self.request({"op": "close_splash"}, timeout=2)
+                self._splash_closed = True
+            # After its windows show, the GUI goes on filling its catalog and tool trees; input sent then
+            # is handled seconds later. Ready once the GUI thread answers promptly several times in a row.
+            t0 = time.monotonic()
+            self.request({"op": "ping"}, timeout=2)
+            self._quick = self._quick + 1 if time.monotonic() - t0 < QUICK_ANSWER else 0
+            return self._quick >= QUICK_ANSWERS
         except (OSError, ValueError, AppError):
             return False
 

@@ -269,6 +269,12 @@ def _state():
             output = gout.cmdOutput.GetText()[-MAX_OUTPUT:]
         except Exception:
             output = ""
+    prompt = None
+    if gout is not None and getattr(gout, "cmdPrompt", None) is not None:
+        try:
+            prompt = gout.cmdPrompt.GetText()
+        except Exception:
+            prompt = None
     page = None
     if lmgr is not None and getattr(lmgr, "notebook", None) is not None:
         nb = lmgr.notebook
@@ -288,6 +294,7 @@ def _state():
                     "render": bool(disp.mapWindowProperties.autoRender) if disp is not None else None},
         "dialogs": _windows(),
         "output": output,
+        "console_input": prompt,
         "page": page,
         "mapset": os.environ.get("GISRC") and _gisenv(),
     }
