@@ -42,7 +42,8 @@ _A11Y_ROLES = frozenset({"frame", "dialog", "menu", "menu item", "push button", 
                          "radio button", "combo box", "text", "page tab", "spin button", "slider", "label",
                          "list item", "table cell", "tree item"})
 A11Y_APP_NAMES = ("wxgui.py", "GRASS GIS", "python3")     # how wxGTK may name the GUI on the bus
-# wx.json, GRASS's own preferences: no locale dialog (no en_US locale here), no Python shell tab, and the
+# wx.json, GRASS's own preferences: no locale dialog (no en_US locale here), no Python shell tab, no Tools
+# tab (the same modules are in the menus; the console is then shown from the start), and the
 # single-window layout (GRASS 8.4's default, which ScienceBoard's tasks were made on; 8.2 offers it as an
 # option): Data Catalog, Layers, Map Display, Tools and Console in one window that the desktop maximizes
 WX_SETTINGS = {
@@ -50,7 +51,7 @@ WX_SETTINGS = {
     "manager": {"hideTabs": {"pyshell": True, "search": True}},
     "general": {"singleWindow": {"enabled": True}},
 }
-QUICK_ANSWER, QUICK_ANSWERS = 0.05, 3      # ready: the GUI thread answered within 50 ms three times running
+QUICK_ANSWER, QUICK_ANSWERS = 0.2, 2       # ready: the GUI thread answered within 0.2 s twice running
 USERCUSTOMIZE = "import coda_grass_state\ncoda_grass_state.install()\n"
 
 
