@@ -30,4 +30,6 @@ SPEC = register_app(AppSpec(
     name="grass", env_id="coda/GRASS-v0", adapter=Grass, checks=CHECKS, setup_ops=SETUP_OPS,
     task_dir=Path(__file__).parent / "tasks", available=available, scienceboard=scienceboard,
     scienceboard_names=("GrassGIS",),
-    description="GRASS GIS 8.2 with its wxGUI: layers, regions, map calculator, attribute queries"))
+    description="GRASS GIS 8.2 with its wxGUI: layers, regions, map calculator, attribute queries",
+    # the GUI takes 3-4 s to start on an idle 2-core machine and far longer on a loaded one
+    env_kwargs={"ready_timeout": 90.0}))
