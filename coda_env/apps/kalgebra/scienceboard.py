@@ -9,13 +9,17 @@ initialize
     launches a fresh KAlgebra (fresh home) on every reset and polls until it is ready.
   - `tab` {index} -> our `tab`; `func_2d` / `func_3d` {expr} -> ours.
   - `touch` {path: "/home/user/NAME", text} -> core `write_file` {path: "NAME"} in the app's home (their VM's
-    home is /home/user; ours is a fresh folder). Any other absolute location is refused.
+    home is /home/user; ours is a fresh folder). Any other absolute location is refused. A script that
+    defines a function for a plot to call is refused (the `eqn` check cannot evaluate such a plot).
 evaluate (their checker: sci/KAlgebra/task.py in OS-Copilot/ScienceBoard)
   - `var` {key, value}: the variable's text equals value; their value "#UNDEF" means "not defined"
-    (`key not in vars`) -> our `var` {name, absent: true}.
+    (`key not in vars`) -> our `var` {name, absent: true}. Refused where no episode could pass on Debian's
+    KAlgebra: removing a built-in constant (no GUI does it) or a complex value (its Variables panel shows
+    only real parts).
   - `val` {key, value}: |float(var) - value| <= 1e-6 (their `is_near`) -> our `val` with tol 1e-6.
   - `eqn` {key: [[x, y(, z)], ...], value: {"(x, y)": bool}}: some plotted function agrees with every point
-    test -> our `eqn` {dim, points: [[x, y, bool], ...]}; `key: "#SIZE"` -> our `eqn` {count}. Their value
+    test (their patched KAlgebra's tolerance: 1e-4) -> our `eqn` {dim, points: [[x, y, bool], ...], tol: 1e-4};
+    `key: "#SIZE"` -> our `eqn` {count}. Their value
     may also demand a curve's colour, plot resolution or 3D style (`color`, `res`, `style`), which our
     adapter cannot read through AT-SPI: refused.
   - `stop` {value: "FAIL"} -> core `answer` {value: "FAIL"}; {value: "ANS", args: [x]} -> core `answer`
@@ -33,7 +37,10 @@ from ...scienceboard import base_task
 from ...tasks import TaskError
 
 SB_HOME = PurePosixPath("/home/user")     # the home folder of ScienceBoard's VM
-TOL = 1e-6                                # ScienceBoard's KAlgebra `is_near`
+TOL = 1e-6                                # ScienceBoard's `is_near` for val (sci/KAlgebra/task.py)
+EQN_TOL = 1e-4                            # their patched KAlgebra's `is_near` for points on a plot
+BUILTINS = frozenset({"pi", "e", "euler", "i", "true", "false"})
+_IMAGINARY = re.compile(r"(?<![A-Za-z_0-9])i(?![A-Za-z_0-9(])")
 _POINT_KEY = re.compile(r"\(\s*([^,()]+)(?:\s*,\s*([^,()]+))(?:\s*,\s*([^,()]+))?\s*\)")
 
 
@@ -44,6 +51,7 @@ def convert(sb: dict, path: str) -> dict:
     task["evaluate"] = [_check(c, path) for c in _list(sb, "evaluate", path)]
     if not task["evaluate"]:
         raise TaskError(f"{path}: no evaluate entries: nothing would decide success")
+    _script_functions(task, path)
     if isinstance(sb.get("ans"), str) and sb["ans"].strip() not in ("", "N/A"):
         task["ans"] = sb["ans"]          # ScienceBoard's hint at a solution (KAlgebra syntax), kept as data
     return task
@@ -97,6 +105,21 @@ def _text(op: dict, path: str) -> str:
     return text
 
 
+_DEFINES_FUNCTION = re.compile(r"^\s*([A-Za-z_]\w*)\s*:=\s*[^\n]*->", re.M)
+
+
+def _script_functions(task: dict, path: str) -> None:
+    """Refuse a plot task whose setup writes a script defining a function: the plot is meant to call it
+    (`r(2)`), and the `eqn` check evaluates only self-contained expressions (a plot that calls the script's
+    function fails it, however right); an oracle that avoided the function would pass where a faithful
+    agent fails."""
+    names = sorted({m.group(1) for op in task["initialize"] if op["func"] == "write_file"
+                    for m in _DEFINES_FUNCTION.finditer(op["content"])})
+    if names and any(c["type"] == "eqn" and "points" in c for c in task["evaluate"]):
+        raise TaskError(f"{path}: the plot is to use the function {', '.join(names)} that its script defines; "
+                        f"coda's eqn check cannot evaluate a plot that calls a user-defined function; refused")
+
+
 # ------------------------------------------------------------------------------------------ evaluate
 def _check(c: Any, path: str) -> dict:
     if not isinstance(c, dict) or not isinstance(c.get("type"), str):
@@ -106,9 +129,17 @@ def _check(c: Any, path: str) -> dict:
         if not isinstance(key, str):
             raise TaskError(f"{path}: var check needs a variable name as key")
         if value == "#UNDEF":
+            if key in BUILTINS:
+                raise TaskError(f"{path}: var wants KAlgebra's built-in constant {key!r} removed, which its GUI "
+                                f"cannot do (its variable views offer only 'Add variable'; names are not editable "
+                                f"and Delete does nothing), so no episode could pass; refused")
             return {"type": "var", "name": key, "absent": True}
         if not isinstance(value, str):
             raise TaskError(f"{path}: var check value must be KAlgebra's text of the value")
+        if _IMAGINARY.search(value):
+            raise TaskError(f"{path}: var wants the complex value {value!r}; Debian's KAlgebra (22.12) shows only "
+                            f"the real part of a complex value in its Variables panel (i shows as 0), the state "
+                            f"coda reads, so no episode could pass; refused")
         return {"type": "var", "name": key, "value": value}
     if kind == "val":
         v = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -154,7 +185,7 @@ def _eqn(key: Any, value: Any, path: str) -> dict:
     unlisted = set(expected) - {tuple(float(x) for x in p) for p in key}
     if unlisted:
         raise TaskError(f"{path}: eqn results for points not listed in key: {sorted(unlisted)}")
-    return {"type": "eqn", "dim": dim, "points": points}
+    return {"type": "eqn", "dim": dim, "points": points, "tol": EQN_TOL}
 
 
 def _stop(c: dict, path: str) -> dict:
