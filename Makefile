@@ -1,5 +1,5 @@
 # The two commands of the quick start. Both install what is missing first (scripts/setup.sh).
-.PHONY: setup demo test test-all bench clean vm-image vm-setup vm-test vm-bench vm-ci
+.PHONY: setup demo test test-fast test-all bench clean vm-image vm-setup vm-test vm-bench vm-ci
 
 setup:
 	@bash scripts/setup.sh
@@ -11,6 +11,10 @@ demo: setup
 # The test suite (what CI runs). Slow suites: make test-all.
 test: setup
 	.venv/bin/python -m pytest -q -m "not slow and not vm and not gpu and not wip"
+
+# The fast tier: fakes only, no X server (well under a minute).
+test-fast: setup
+	.venv/bin/python -m pytest -q -m fast
 
 test-all: setup
 	.venv/bin/python -m pytest -q -m "not vm and not gpu and not wip"
