@@ -106,9 +106,9 @@ def test_libvirt_uris_and_placement_options():
     assert all(k["backend"] == "libvirt" and k["backend_options"]["base_image"] == "/img.qcow2" for k in kws)
     with pytest.raises(ValueError, match="backend='libvirt'"):
         RayVectorEnv._kwargs_for(0, {"backend": "local"}, uris)
-    opts = RayVectorEnv._actor_options(1, 2.0, 3 << 30, ["node-a", "node-b"], {"runtime_env": {"env_vars": {}}})
+    opts = RayVectorEnv._actor_options(1, 2.0, 3 << 30, ["aa" * 28, "bb" * 28], {"runtime_env": {"env_vars": {}}})
     assert opts["num_cpus"] == 2.0 and opts["memory"] == 3 << 30 and opts["runtime_env"] == {"env_vars": {}}
-    assert opts["scheduling_strategy"].node_id == "node-b"
+    assert opts["scheduling_strategy"].node_id == "bb" * 28
     assert RayVectorEnv._actor_options(0, 1, None, "spread", None)["scheduling_strategy"] == "SPREAD"
     with pytest.raises(ValueError, match="placement"):
         RayVectorEnv._actor_options(0, 1, None, "everywhere", None)
