@@ -73,9 +73,7 @@ def pss_mb(token: str) -> float:
 
 
 class CpuMeter:
-    """CPU seconds used since the last `take()` by this process, its reaped children and the desktop.
-    A desktop process that exits between two takes is counted by whoever reaps it (this process, through
-    RUSAGE_CHILDREN, for the apps the env kills)."""
+    """CPU seconds used since the last `take()` by this process, its reaped children and the desktop."""
 
     def __init__(self, token: str):
         self.token = token
@@ -84,6 +82,9 @@ class CpuMeter:
     def take(self) -> float:
         own, now = own_cpu(), token_cpu(self.token)
         used = own - self.last_own + sum(v - self.last.get(p, 0.0) for p, v in now.items())
+        # a process gone since the last take (the app killed by a reset) is counted in full by its reaper
+        # (RUSAGE_CHILDREN here, or its parent's children time): take off what earlier takes counted of it
+        used -= sum(v for p, v in self.last.items() if p not in now)
         self.last_own, self.last = own, now
         return used
 
@@ -205,6 +206,7 @@ def main() -> None:
     ap.add_argument("--host-mem-gb", type=float, default=64)
     ap.add_argument("--host-utilisation", type=float, default=0.75)
     ap.add_argument("--memory-headroom", type=float, default=1.5)
+    ap.add_argument("--env-mem-mb", type=float, help="memory per env instead of the measured PSS (e.g. a VM's)")
     a = ap.parse_args()
 
     probe = CodaEnv(tasks=a.tasks)
@@ -212,10 +214,13 @@ def main() -> None:
     probe.close()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; tasks {a.tasks}")
     cost = cpu_per_reset_and_step(a.tasks, a.cpu_episodes)
+    measured_pss = cost["pss_mb"]
+    if a.env_mem_mb:
+        cost["pss_mb"] = a.env_mem_mb
     print(f"one env: reset {cost['reset_cpu']:.3f} CPU s (median; mean {cost['reset_cpu_mean']:.3f}), "
           f"{cost['reset_wall']:.3f} s wall; step {cost['step_cpu']:.3f} CPU s (median; mean "
           f"{cost['step_cpu_mean']:.3f}), {cost['step_wall']:.3f} s wall; {cost['steps_per_episode']:.1f} steps "
-          f"per episode; desktop+app PSS {cost['pss_mb']:.0f} MB")
+          f"per episode; desktop+app PSS {measured_pss:.0f} MB")
     print(f"\n{'mode':<6}{'envs':>5}{'steps/s':>10}{'episodes/s':>12}{'speedup':>9}")
     for mode in a.modes:
         base = None
