@@ -106,6 +106,7 @@ class RayVectorEnv(VectorEnv):
         self._remote_cls = ray.remote(EnvActor)
         self._actors: list[Any] = [None] * self.num_envs
         self._pending_attrs: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self._fresh: set[int] = set()   # envs whose actor was (re)started and has not answered yet
         self.restarts = 0   # actors replaced so far (dead or hung)
         self.closed = False
         try:
@@ -175,22 +176,31 @@ class RayVectorEnv(VectorEnv):
             pass
         self.restarts += 1
         self._actors[i] = self._spawn(i)
+        self._fresh.add(i)
         for name, value in self._pending_attrs[i].items():
             self._actors[i].set_attr.remote(name, value)
 
     def _gather(self, refs: dict[int, Any], timeout: float) -> tuple[dict[int, Any], dict[int, str]]:
-        """Results of the calls in `refs` by env index, and errors (dead actor, timeout) by env index."""
+        """Results of the calls in `refs` by env index, and errors (dead actor, timeout) by env index. A call
+        to an actor started since its last answer also has `start_timeout` to build its env."""
         results, errors = {}, {}
+        t0 = time.monotonic()
+        deadline = {i: t0 + timeout + (self.start_timeout if i in self._fresh else 0.0) for i in refs}
         pending = {ref: i for i, ref in refs.items()}
-        deadline = time.monotonic() + timeout
         while pending:
-            ready, _ = self._ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            wait = max(0.0, min(deadline[i] for i in pending.values()) - time.monotonic())
+            ready, _ = self._ray.wait(list(pending), num_returns=1, timeout=wait)
             if not ready:
-                for ref, i in pending.items():
-                    errors[i] = f"EnvActorTimeout: env {i} did not answer within {timeout}s; its actor was replaced"
-                break
+                now = time.monotonic()
+                for ref, i in list(pending.items()):
+                    if now >= deadline[i]:
+                        del pending[ref]
+                        errors[i] = (f"EnvActorTimeout: env {i} did not answer within {deadline[i] - t0:.0f}s;"
+                                     " its actor was replaced")
+                continue
             for ref in ready:
                 i = pending.pop(ref)
+                self._fresh.discard(i)
                 try:
                     results[i] = self._ray.get(ref)
                 except self._ray.exceptions.RayActorError as e:

@@ -71,7 +71,7 @@ def test_dead_or_hung_actor_is_replaced_and_reported(local_ray):
         assert trunc[0] and not term[0] and r[0] == 0.0 and "EnvActorDied" in infos["error"][0]
         assert infos["_error"].tolist() == [True, False] and not trunc[1]
         obs, r, term, trunc, infos = envs.step(("WAIT", "DONE"))   # env 0 resets on a fresh actor
-        assert not trunc[0] and infos["task"][0] == "tab_3d_graph" and obs["screenshot"][0].std() > 0
+        assert not trunc[0] and infos["task"][0] == "tab_3d_graph" and obs["screenshot"][0].std() > 0, infos
         assert term[1] and r[1] == 1.0
         assert envs.restarts == 1
         # 2. env 1's actor hangs (stopped): the step returns after the timeout instead of waiting forever
@@ -80,10 +80,10 @@ def test_dead_or_hung_actor_is_replaced_and_reported(local_ray):
         assert pids[0] != old_pids[0] and pids[1] == old_pids[1]
         os.kill(pids[1], signal.SIGSTOP)
         obs, r, term, trunc, infos = envs.step(("pyautogui.click(207, 53)", "WAIT"))
-        assert trunc[1] and "EnvActorTimeout" in infos["error"][1] and not trunc[0]
+        assert trunc[1] and "EnvActorTimeout" in infos["error"][1] and not trunc[0], infos
         envs.timeout = 60
         obs, r, term, trunc, infos = envs.step(("DONE", "WAIT"))
-        assert term[0] and r[0] == 1.0 and infos["task"][1] == "tab_3d_graph"
+        assert term[0] and r[0] == 1.0 and infos["task"][1] == "tab_3d_graph", infos
         assert envs.restarts == 2
         # the replaced actors' desktops did not outlive them (the desktop's watchdog)
         _assert_nothing_left(old_pids, old_tokens)

@@ -186,19 +186,27 @@ def test_grid_pointer_and_vocabulary_solve_real_tasks():
 
 
 def test_make_vec_with_wrappers_and_frame_stack():
-    envs = gym.make_vec("coda/KAlgebra-v0", num_envs=1, vectorization_mode="sync", task="tab_3d_graph",
-                        settle_quiet=0.25,  # the 3D view paints ~0.1 s after the tab switches: see the report
+    envs = gym.make_vec("coda/KAlgebra-v0", num_envs=1, vectorization_mode="sync", task="tab_3d_graph", max_steps=30,
                         wrappers=[functools.partial(PixelObservation, size=(64, 64), grayscale=True),
-                                  functools.partial(ClickGrid, rows=1, cols=12, kinds=("click",), region=TAB_BAR),
+                                  functools.partial(ClickGrid, rows=1, cols=12, kinds=("click",), region=TAB_BAR,
+                                                    extra=("WAIT", "DONE")),
                                   functools.partial(gym.wrappers.FrameStackObservation, stack_size=2)])
     try:
         assert envs.single_observation_space.shape == (2, 64, 64, 1)
-        assert envs.single_action_space == spaces.Discrete(13)
+        assert envs.single_action_space == spaces.Discrete(14)
         obs, _ = envs.reset(seed=0)
         assert obs.shape == (1, 2, 64, 64, 1) and obs.std() > 0
+        first = obs[0, 1]
         obs, r, term, trunc, info = envs.step(np.array([2]))   # cell 2 of the tab strip: the 3D Graph tab
-        assert not np.array_equal(obs[0, 0], obs[0, 1])       # the newest frame shows the switched tab
-        obs, r, term, trunc, info = envs.step(np.array([12]))  # DONE
+        # the 3D view paints a while after the switch (longer on a loaded machine): WAIT until it shows
+        for _ in range(20):
+            if not np.array_equal(obs[0, 1], first):
+                break
+            prev = obs
+            obs, r, term, trunc, info = envs.step(np.array([12]))   # WAIT
+            assert np.array_equal(obs[0, 0], prev[0, 1])           # the stack shifts by one frame per step
+        assert not np.array_equal(obs[0, 1], first), "the 3D Graph tab never showed"
+        obs, r, term, trunc, info = envs.step(np.array([13]))  # DONE
         assert term[0] and r[0] == 1.0
     finally:
         envs.close()
