@@ -4,7 +4,7 @@ Observation: {"screenshot": (H, W, 3) uint8, "instruction": text[, "a11y_tree": 
 Action: a pyautogui code string (or `DONE`/`FAIL`/`WAIT`/`ANS <text>`), parsed and whitelisted by
 `coda_env.actions`; or, with action_mode="structured", the array form of `actions.structured_space`.
 Reward: 0 until the episode ends; then the task's checks give 1.0 or 0.0, or any scorer (`coda_env.scoring`,
-e.g. the VLM judge of `coda_agent.judge`) given as `reward=` scores the episode. The checks always run:
+e.g. the VLM judge of the agent package, `Judge`) given as `reward=` scores the episode. The checks always run:
 info["success"]/["checks"] are theirs, info["judge"] the scorer's details. A scorer that fails gives reward
 0.0 and info["error"] naming it.
 
@@ -62,7 +62,7 @@ class CodaEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, app: str = "kalgebra", backend: str = "local", task: str | None = None,
+    def __init__(self, app: str, backend: str = "local", task: str | None = None,
                  tasks: Sequence[str] | None = None, task_dirs: Sequence[str] | None = None,
                  screen: tuple[int, int] = (1280, 800), reward: str | Scorer = "check",
                  action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
@@ -70,11 +70,12 @@ class CodaEnv(gym.Env):
                  ready_timeout: float | None = None, info_timings: bool = False,
                  backend_options: dict | None = None, judge: Any = None):
         if judge is not None:
-            raise ValueError("judge= is gone: pass the scorer itself, e.g. reward=coda_agent.judge.Judge({...})")
+            raise ValueError("judge= is gone: pass the scorer itself, e.g. reward=Judge({...}) (the agent "
+                             "package's VLM judge)")
         if isinstance(reward, str):
             if reward != "check":
                 raise ValueError(f"reward must be 'check' or a scorer object (coda_env.scoring.Scorer), got "
-                                 f"{reward!r}; for the VLM judge: reward=coda_agent.judge.Judge({{'models': [...]}})")
+                                 f"{reward!r}; for the VLM judge: reward=Judge({{'models': [...]}}) (the agent package's judge)")
             self.scorer: Scorer | None = None
         elif isinstance(reward, Scorer):
             self.scorer = reward          # public: a trainer may swap in another scorer between episodes

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # libvirt-dev + pkg-config build libvirt-python (the [vm] extra); qemu-utils gives qemu-img for VM images.
-APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra libgl1-mesa-dri libvirt-dev pkg-config qemu-utils)
+APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra libgl1-mesa-dri libvirt-dev pkg-config qemu-utils libosmesa6)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

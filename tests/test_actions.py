@@ -23,6 +23,8 @@ from coda_env.actions import (
     structured_space,
 )
 
+pytestmark = pytest.mark.fast  # pure logic: no X server
+
 A = Action
 
 # ---------------------------------------------------------------------------
