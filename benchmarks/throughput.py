@@ -91,7 +91,7 @@ class CpuMeter:
 
 def cpu_per_reset_and_step(tasks: list[str], episodes: int) -> dict:
     """Replay `episodes` oracle episodes on one env; CPU and wall per reset and per step; memory."""
-    env = CodaEnv(tasks=tasks)
+    env = CodaEnv("kalgebra", tasks=tasks)
     try:
         env.reset(seed=0)   # starts the desktop (not counted: once per env)
         meter = CpuMeter(env.desktop.token)
@@ -209,7 +209,7 @@ def main() -> None:
     ap.add_argument("--env-mem-mb", type=float, help="memory per env instead of the measured PSS (e.g. a VM's)")
     a = ap.parse_args()
 
-    probe = CodaEnv(tasks=a.tasks)
+    probe = CodaEnv("kalgebra", tasks=a.tasks)
     solutions = {t: list(probe.tasks[t].solution) for t in a.tasks}
     probe.close()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; tasks {a.tasks}")

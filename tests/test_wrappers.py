@@ -132,7 +132,7 @@ def test_shaping_off_by_default_and_hooks():
 
 # ------------------------------------------------------------------------------------------ real KAlgebra
 def _pixel_env(**kw):
-    return PixelObservation(CodaEnv(task="tab_3d_graph", info_timings=False), **kw)
+    return PixelObservation(CodaEnv("kalgebra", task="tab_3d_graph", info_timings=False), **kw)
 
 
 @pytest.mark.parametrize("name, make", [
@@ -155,7 +155,7 @@ def test_check_env_sb3_and_gymnasium(name, make):
 
 def test_grid_pointer_and_vocabulary_solve_real_tasks():
     """The wrapped action spaces reach what the oracles do: each scores 1.0 on real KAlgebra."""
-    env = CodaEnv(tasks=["tab_3d_graph", "calc_power"], max_steps=10)  # typing by snippet takes 8 steps
+    env = CodaEnv("kalgebra", tasks=["tab_3d_graph", "calc_power"], max_steps=10)  # typing by snippet takes 8 steps
     try:
         grid = ClickGrid(PixelObservation(env), rows=1, cols=12, kinds=("click",), region=TAB_BAR)
         obs, info = grid.reset(options={"task": "tab_3d_graph"})
