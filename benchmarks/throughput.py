@@ -1,0 +1,244 @@
+"""Env throughput: aggregate steps/s and episodes/s for 1, 2 and 4 envs under gymnasium's SyncVectorEnv and
+AsyncVectorEnv and under RayVectorEnv (Ray actors); CPU seconds per reset and per step of one env; then a
+paper estimate of the hosts a GRPO run of CODA's size needs.
+
+Every env replays its task's oracle solution (episodes of the tasks' own length, as an agent that solves
+them would make), cycling over --tasks; a vector env in NEXT_STEP autoreset mode starts the next episode on
+the step after one ends, as `coda eval` and the GRPO trainer run it. CPU per reset/step is measured on one
+env in this process: this process's CPU plus that of every process carrying the desktop's token (Xvfb, the
+window manager, D-Bus, AT-SPI, the app) plus reaped children, from /proc and getrusage.
+Usage: python benchmarks/throughput.py [--seconds 20] [--num-envs 1 2 4] [--modes sync async ray]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+
+import coda_env  # noqa: F401
+from coda_env.backends.local import TOKEN_VAR
+from coda_env.env import CodaEnv
+
+ENV = "coda/KAlgebra-v0"
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------------------------ CPU accounting
+def token_cpu(token: str) -> dict[int, float]:
+    """CPU seconds (own + reaped children) of each live process carrying the desktop's token."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    out = {}
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{e}/stat") as f:
+                p = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(e)] = sum(int(v) for v in p[11:15]) / HZ
+    return out
+
+
+def own_cpu() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def pss_mb(token: str) -> float:
+    """PSS of the desktop's processes (shared pages counted once), MB."""
+    needle, total = f"{TOKEN_VAR}={token}".encode(), 0.0
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{e}/smaps_rollup") as f:
+                total += sum(float(ln.split()[1]) for ln in f if ln.startswith("Pss:"))
+        except OSError:
+            continue
+    return total / 1024
+
+
+class CpuMeter:
+    """CPU seconds used since the last `take()` by this process, its reaped children and the desktop."""
+
+    def __init__(self, token: str):
+        self.token = token
+        self.last_own, self.last = own_cpu(), token_cpu(token)
+
+    def take(self) -> float:
+        own, now = own_cpu(), token_cpu(self.token)
+        used = own - self.last_own + sum(v - self.last.get(p, 0.0) for p, v in now.items())
+        # a process gone since the last take (the app killed by a reset) is counted in full by its reaper
+        # (RUSAGE_CHILDREN here, or its parent's children time): take off what earlier takes counted of it
+        used -= sum(v for p, v in self.last.items() if p not in now)
+        self.last_own, self.last = own, now
+        return used
+
+
+def cpu_per_reset_and_step(tasks: list[str], episodes: int) -> dict:
+    """Replay `episodes` oracle episodes on one env; CPU and wall per reset and per step; memory."""
+    env = CodaEnv("kalgebra", tasks=tasks)
+    try:
+        env.reset(seed=0)   # starts the desktop (not counted: once per env)
+        meter = CpuMeter(env.desktop.token)
+        meter.take()
+        resets, steps, wall_r, wall_s = [], [], [], []
+        for k in range(episodes):
+            t = time.monotonic()
+            env.reset(options={"task": tasks[k % len(tasks)]})
+            wall_r.append(time.monotonic() - t)
+            resets.append(meter.take())
+            for action in env.tasks[tasks[k % len(tasks)]].solution:
+                t = time.monotonic()
+                _, _, term, trunc, _ = env.step(action)
+                wall_s.append(time.monotonic() - t)
+                steps.append(meter.take())
+                if term or trunc:
+                    break
+        mem = pss_mb(env.desktop.token)
+    finally:
+        env.close()
+    return {"reset_cpu": statistics.median(resets), "reset_cpu_mean": statistics.mean(resets),
+            "reset_wall": statistics.median(wall_r), "step_cpu": statistics.median(steps),
+            "step_cpu_mean": statistics.mean(steps), "step_wall": statistics.median(wall_s),
+            "steps_per_episode": len(steps) / episodes, "pss_mb": mem}
+
+
+# ------------------------------------------------------------------------------------------ vector throughput
+def make_envs(mode: str, n: int, tasks: list[str]) -> gym.vector.VectorEnv:
+    if mode == "ray":
+        import ray
+        from coda_env.distributed import RayVectorEnv
+        if not ray.is_initialized():
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        return RayVectorEnv(ENV, n, num_cpus=min(1.0, os.cpu_count() / n), memory=256 << 20, tasks=tasks)
+    return gym.make_vec(ENV, num_envs=n, vectorization_mode=mode, tasks=tasks,
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
+
+
+def throughput(mode: str, n: int, tasks: list[str], seconds: float, solutions: dict[str, list[str]]) -> dict:
+    """Steps/s and episodes/s over `seconds` of oracle replay (the first reset not counted)."""
+    envs = make_envs(mode, n, tasks)
+    try:
+        envs.set_attr("next_task", [tasks[i % len(tasks)] for i in range(n)])
+        _, infos = envs.reset(seed=0)
+        current = [infos["task"][i] for i in range(n)]
+        k = [0] * n
+        autoreset = np.zeros(n, dtype=bool)
+        steps = episodes = 0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            actions = []
+            for i in range(n):
+                sol = solutions[current[i]]
+                actions.append("WAIT" if autoreset[i] else (sol[k[i]] if k[i] < len(sol) else "DONE"))
+                k[i] += 0 if autoreset[i] else 1
+            _, _, term, trunc, infos = envs.step(tuple(actions))
+            for i in range(n):
+                if autoreset[i]:          # this step was env i's reset: its new task
+                    current[i], k[i] = infos["task"][i], 0
+                else:
+                    steps += 1
+            done = np.logical_or(term, trunc) & ~autoreset
+            episodes += int(done.sum())
+            autoreset = np.logical_or(term, trunc)
+        wall = time.monotonic() - t0
+    finally:
+        envs.close()
+    return {"steps_per_s": steps / wall, "episodes_per_s": episodes / wall, "steps": steps, "episodes": episodes}
+
+
+# ------------------------------------------------------------------------------------------ estimate
+def grpo_estimate(cost: dict, a: argparse.Namespace) -> str:
+    """Hosts for one GRPO iteration's rollouts at CODA's scale, from one env's measured costs."""
+    rollouts = a.group_size * a.apps * a.tasks_per_app            # episodes per iteration, all in flight
+    steps = a.steps_per_episode
+    env_cpu_episode = cost["reset_cpu"] + steps * cost["step_cpu"]
+    env_wall_step = cost["step_wall"] + a.model_latency             # the env waits for the models each step
+    episode_wall = cost["reset_wall"] + steps * env_wall_step
+    cores_per_env = env_cpu_episode / episode_wall                  # average busy cores of one env
+    usable = a.host_cores * a.host_utilisation
+    by_cpu = rollouts * cores_per_env / usable
+    by_mem = rollouts * cost["pss_mb"] * a.memory_headroom / (a.host_mem_gb * 1024)
+    hosts = max(1, math.ceil(max(by_cpu, by_mem)))
+    cpu_s = rollouts * env_cpu_episode
+    return "\n".join([
+        f"GRPO iteration: G={a.group_size} x {a.apps} apps x {a.tasks_per_app} tasks = {rollouts} rollouts in "
+        f"flight, {steps} steps each, models {a.model_latency:.1f} s per step (planner + executor on GPUs)",
+        f"  per env: {env_cpu_episode:.2f} CPU s per episode ({cost['reset_cpu']:.2f} reset + {steps} x "
+        f"{cost['step_cpu']:.3f} step), episode wall {episode_wall:.0f} s -> {cores_per_env:.3f} busy cores; "
+        f"{cost['pss_mb']:.0f} MB PSS",
+        f"  cores needed {rollouts * cores_per_env:.1f} -> {by_cpu:.2f} hosts by CPU ({a.host_cores} cores at "
+        f"{a.host_utilisation:.0%}); memory {rollouts * cost['pss_mb'] * a.memory_headroom / 1024:.0f} GB "
+        f"(x{a.memory_headroom} headroom) -> {by_mem:.2f} hosts of {a.host_mem_gb} GB",
+        f"  => {hosts} host(s) of {a.host_cores} cores; env CPU per iteration {cpu_s / 3600:.2f} core-hours; "
+        f"the iteration's rollouts take ~{episode_wall / 60:.1f} min of wall time if all run at once",
+        "  (KAlgebra's costs stand in for the 4 apps; a heavier app (ChimeraX, GRASS) scales the CPU term)"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=20.0, help="stepping time per configuration")
+    ap.add_argument("--num-envs", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--modes", nargs="+", default=["sync", "async", "ray"], choices=["sync", "async", "ray"])
+    ap.add_argument("--tasks", nargs="+", default=["calc_power", "tab_3d_graph", "plot_parabola", "dict_gcd"])
+    ap.add_argument("--cpu-episodes", type=int, default=8, help="episodes of the one-env CPU measurement")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--apps", type=int, default=4)
+    ap.add_argument("--tasks-per-app", type=int, default=8, help="tasks per app in one GRPO batch")
+    ap.add_argument("--steps-per-episode", type=int, default=15)
+    ap.add_argument("--model-latency", type=float, default=4.0, help="planner + executor seconds per step")
+    ap.add_argument("--host-cores", type=int, default=16)
+    ap.add_argument("--host-mem-gb", type=float, default=64)
+    ap.add_argument("--host-utilisation", type=float, default=0.75)
+    ap.add_argument("--memory-headroom", type=float, default=1.5)
+    ap.add_argument("--env-mem-mb", type=float, help="memory per env instead of the measured PSS (e.g. a VM's)")
+    a = ap.parse_args()
+
+    probe = CodaEnv("kalgebra", tasks=a.tasks)
+    solutions = {t: list(probe.tasks[t].solution) for t in a.tasks}
+    probe.close()
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; tasks {a.tasks}")
+    cost = cpu_per_reset_and_step(a.tasks, a.cpu_episodes)
+    measured_pss = cost["pss_mb"]
+    if a.env_mem_mb:
+        cost["pss_mb"] = a.env_mem_mb
+    print(f"one env: reset {cost['reset_cpu']:.3f} CPU s (median; mean {cost['reset_cpu_mean']:.3f}), "
+          f"{cost['reset_wall']:.3f} s wall; step {cost['step_cpu']:.3f} CPU s (median; mean "
+          f"{cost['step_cpu_mean']:.3f}), {cost['step_wall']:.3f} s wall; {cost['steps_per_episode']:.1f} steps "
+          f"per episode; desktop+app PSS {measured_pss:.0f} MB")
+    print(f"\n{'mode':<6}{'envs':>5}{'steps/s':>10}{'episodes/s':>12}{'speedup':>9}")
+    for mode in a.modes:
+        base = None
+        for n in a.num_envs:
+            try:
+                r = throughput(mode, n, a.tasks, a.seconds, solutions)
+            except Exception as e:  # one failing mode (e.g. Ray missing) should not hide the others
+                print(f"{mode:<6}{n:>5}  failed: {type(e).__name__}: {e}")
+                continue
+            base = base or r["episodes_per_s"]
+            print(f"{mode:<6}{n:>5}{r['steps_per_s']:>10.2f}{r['episodes_per_s']:>12.3f}"
+                  f"{r['episodes_per_s'] / base if base else float('nan'):>8.2f}x", flush=True)
+    if "ray" in a.modes:
+        import ray
+        ray.shutdown()
+    print(f"load average {os.getloadavg()[0]:.1f} at the end\n")
+    print(grpo_estimate(cost, a))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
