@@ -20,6 +20,8 @@ TASKS = []
 def task(id, instruction, files, evaluate, solution, difficulty="easy", category="editing", steps=15, opened=None):
     init = [{"func": "write_file", "path": f"atelier/{n}", "content": c} for n, c in files.items()]
     init += [{"func": "open_file", "path": f"atelier/{n}"} for n in (opened or [list(files)[0]])]
+    if not solution[-1].startswith(("ANS", "DONE", "FAIL")):
+        solution = solution + ["DONE"]
     TASKS.append({"id": id, "app": "texstudio", "instruction": instruction, "steps": steps,
                   "difficulty": difficulty, "category": category, "initialize": init,
                   "evaluate": evaluate, "solution": solution})
