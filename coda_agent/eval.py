@@ -19,24 +19,20 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from coda_env.judge import read_jsonl
+from coda_env.runs import TrajectoryWriter, append_jsonl, check_config, inside, load_finished, read_jsonl
 
 from .policy import Agent
-from .rollout import TrajectoryWriter, make_vector_env, run_episodes, save_png, unbatch_info  # noqa: F401
-
-
-def load_finished(out: Path) -> dict[tuple[str, int], dict]:
-    """Finished episodes by (task, episode); a line cut by a crash is skipped, so that episode is redone."""
-    return {(r["task"], r["episode"]): r for r in read_jsonl(out / "episodes.jsonl") if "task" in r and "episode" in r}
+from .rollout import make_vector_env, run_episodes, step_record, unbatch_info  # noqa: F401
 
 
 def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = None, episodes: int = 1,
-             num_envs: int = 1, seed: int = 0, env_kwargs: dict | None = None, progress: bool = True) -> dict:
-    """Run `agent` on every task `episodes` times over `num_envs` envs; resume what `out` already holds."""
+             num_envs: int = 1, seed: int = 0, env_kwargs: dict | None = None, progress: bool = True,
+             config: dict | None = None, make_envs=None) -> dict:
+    """Run `agent` on every task `episodes` times over `num_envs` envs; resume what `out` already holds
+    (only when `config`, what made the run, is the same as the one stored there). `make_envs(n)` builds the
+    vector env (default: gymnasium's, `make_vector_env`); any VectorEnv with CodaEnv's `next_task` works."""
     from tqdm import tqdm
-    out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    finished = load_finished(out)
     env_kwargs = dict(env_kwargs or {})
     probe = gym.make(env_id, **env_kwargs)         # the task table; opens no desktop until reset
     tasks = probe.unwrapped.tasks
@@ -44,7 +40,10 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
     ids = task_ids or list(tasks)
     unknown = [t for t in ids if t not in tasks]
     if unknown:
-        raise ValueError(f"unknown tasks for {env_id}: {unknown}")
+        raise ValueError(f"unknown tasks for {env_id}: {', '.join(unknown)} (`coda tasks` lists them)")
+    check_config(out, {"env": env_id, "agent": getattr(agent, "name", type(agent).__name__), "tasks": ids,
+                       **py_config(env_kwargs), **(config or {})})
+    finished = load_finished(out)
     queue = [(t, e) for t in ids for e in range(episodes) if (t, e) not in finished]
     bar = tqdm(total=len(ids) * episodes, initial=len(ids) * episodes - len(queue), disable=not progress,
                unit="ep", dynamic_ncols=True)
@@ -58,25 +57,25 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
 
         def on_step(i, st, shot, reward, info, agent_s):
             ep = slots[i]
-            ep.record(st, {"screenshot": shot}, reward, info, agent_s)
+            ep.record(step_record(st), shot, reward, info, agent_s)
             bar.set_postfix_str(f"{ep.task.id} step {ep.steps} | successes {successes}", refresh=False)
 
         def on_end(i, reward, info):
             nonlocal successes
             rec = slots.pop(i).finish(reward, info)
             finished[(rec["task"], rec["episode"])] = rec
-            with open(done_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_jsonl(done_path, rec)
             successes += rec["success"]
             bar.update(1)
             bar.set_postfix_str(f"successes {successes}")
 
-        envs = make_vector_env(env_id, max(1, min(num_envs, len(queue))), **env_kwargs)
+        n = max(1, min(num_envs, len(queue)))
+        envs = make_envs(n) if make_envs is not None else make_vector_env(env_id, n, **env_kwargs)
         try:
             run_episodes(envs, agent, tasks, queue, on_start, on_step, on_end, seed=seed)
         finally:
             for s in slots.values():
-                s.log.close()
+                s.close()
             envs.close()
     bar.close()
     records = [finished[(t, e)] for t in ids for e in range(episodes) if (t, e) in finished]
@@ -86,6 +85,18 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
     (out / "results.json").write_text(json.dumps({"summary": summary, "episodes": records}, indent=1))
     write_report(out, summary, records)
     return summary
+
+
+def py_config(env_kwargs: dict) -> dict:
+    """The env settings that change results, as JSON (a scorer object is named by its class)."""
+    out = {}
+    for k, v in env_kwargs.items():
+        if k == "reward" and not isinstance(v, str):
+            cfg = getattr(v, "config", None)
+            v = {"scorer": type(v).__name__, **({"models": [getattr(m, "spec", str(m)) for m in cfg.models],
+                                                 "threshold": cfg.threshold} if cfg is not None else {})}
+        out[k] = v if isinstance(v, (str, int, float, bool, list, dict, type(None))) else repr(v)
+    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -172,20 +183,24 @@ def _episode_page(out: Path, rep: Path, r: dict) -> None:
     name = f"{r['task']}__{r['episode']}"
     traj = out / "trajectories" / name
     steps = read_jsonl(traj / "steps.jsonl")
-    cells = [f"<tr><td>0 (start)</td><td><img src='../trajectories/{e(name)}/step_000.png'></td><td></td></tr>"]
+    def shot(k: int) -> str:      # each screen links to its full-size PNG
+        src = f"../trajectories/{e(name)}/step_{k:03d}.png"
+        return f"<a href='{src}'><img src='{src}' alt='screen after step {k}'></a>"
+    cells = [f"<tr><td>0 (start)</td><td>{shot(0)}</td><td></td></tr>"]
     for s in steps:
         notes = "".join(f"<div class='bad'>{e(p)}</div>" for p in s.get("parse_errors") or [])
         if s.get("action_error"):
             notes += f"<div class='bad'>action error: {e(s['action_error'])}</div>"
         plan = f"<p><b>Plan:</b> {e(s['plan'])}</p>" if s.get("plan") and s["plan"] != s["action"] else ""
-        cells.append(f"<tr><td>{s['step']}</td><td><img src='../trajectories/{e(name)}/step_{s['step']:03d}.png'>"
+        cells.append(f"<tr><td>{s['step']}</td><td>{shot(int(s['step']))}"
                      f"</td><td><p><b>Thought:</b> {e(s.get('thought') or '')}</p>{plan}<p><b>Action:</b></p>"
                      f"<pre>{e(s['action'])}</pre>{notes}</td></tr>")
     verdict = "pass" if r["success"] else "fail"
     (rep / f"{name}.html").write_text(
         f"<!doctype html><meta charset='utf-8'><title>{e(name)}</title><style>{_CSS}</style>"
         f"<p><a href='index.html'>all episodes</a></p><h1>{e(r['task'])} (episode {r['episode']}): "
-        f"<span class='{'ok' if r['success'] else 'bad'}'>{verdict}</span></h1><p>{r['steps']} steps, "
+        f"<span class='{'ok' if r['success'] else 'bad'}'>{verdict}</span></h1>"
+        f"<p><b>Instruction:</b> {e(r.get('instruction') or '')}</p><p>{r['steps']} steps, "
         f"{r['seconds']} s. Checks: {e(json.dumps(r.get('checks')))}</p><table><tr><th>step</th><th>screen after"
         f" the action</th><th>thought and action</th></tr>{''.join(cells)}</table>")
 
@@ -211,32 +226,58 @@ def compare(a: Path, b: Path) -> str:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--env", default="coda/KAlgebra-v0")
-    p.add_argument("--agent", default="oracle", help="coda | uitars | planner-only | oracle | random | done")
+    from .policy import AGENTS
+    p.add_argument("--env", default="coda/KAlgebra-v0", help="env id (`coda envs` lists them)")
+    p.add_argument("--agent", default="oracle", choices=AGENTS, help="the agent to evaluate")
     p.add_argument("--tasks", nargs="*", default=None, help="task ids (default: the whole suite)")
+    p.add_argument("--tasks-dir", action="append", default=[], metavar="DIR",
+                   help="a folder of your own task files, added to the app's (repeatable; also CODA_TASKS_PATH)")
     p.add_argument("--episodes", type=int, default=1, help="episodes per task (k of pass@k)")
     p.add_argument("--num-envs", type=int, default=1, help="envs run in parallel (a gymnasium AsyncVectorEnv)")
     p.add_argument("--planner", help="planner checkpoint directory or http(s):// OpenAI-compatible endpoint")
     p.add_argument("--executor", help="executor (UI-TARS-1.5) checkpoint directory or endpoint")
     p.add_argument("--planner-model", help="model name at the planner endpoint (default: the first served)")
-    p.add_argument("--executor-model", help="model name at the executor endpoint")
+    p.add_argument("--executor-model", help="model name at the executor endpoint (default: the first served)")
     p.add_argument("--history", type=int, default=2, help="screenshots of earlier steps shown to the planner")
     p.add_argument("--max-steps", type=int, default=None, help="step budget instead of each task's own")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None)
+    p.add_argument("--judge", action="append", default=None, metavar="PATH_OR_URL",
+                   help="score episodes with a VLM judge instead of the checks (repeat for an ensemble)")
+    p.add_argument("--judge-threshold", type=float, default=0.5, help="judge success = score >= this")
+    p.add_argument("--backend", default="local", choices=("local", "libvirt"), help="where the desktops run")
+    p.add_argument("--seed", type=int, default=0, help="seed of the agent's sampling and the envs")
+    p.add_argument("--out", default=None, help="run folder (default: runs/AGENT-DATE); rerun to resume")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def main_eval(args) -> int:
+    """`coda eval`: check every argument before anything is written, then run."""
     from .policy import make_agent
-    env_kwargs = {"max_steps": args.max_steps} if args.max_steps else {}
-    probe = gym.make(args.env, **env_kwargs)
-    app, screen = probe.unwrapped.app_name, (probe.unwrapped.width, probe.unwrapped.height)
+    if args.episodes < 1 or args.num_envs < 1:
+        raise ValueError("--episodes and --num-envs must be >= 1")
+    out = Path(args.out or f"runs/{args.agent}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file, not a folder")
+    env_kwargs: dict = {"max_steps": args.max_steps} if args.max_steps else {}
+    if args.tasks_dir:
+        env_kwargs["task_dirs"] = [str(Path(d).resolve()) for d in args.tasks_dir]
+    if args.backend != "local":
+        env_kwargs["backend"] = args.backend
+    if args.judge:
+        from .judge import Judge, JudgeConfig
+        env_kwargs["reward"] = Judge(JudgeConfig(models=list(args.judge), threshold=args.judge_threshold))
+    probe = gym.make(args.env, **env_kwargs)        # raises for an unknown env id, app or task folder
+    base = probe.unwrapped
+    app, screen, tasks = base.app_name, (base.width, base.height), base.tasks
     probe.close()
+    unknown = [t for t in args.tasks or [] if t not in tasks]
+    if unknown:
+        raise ValueError(f"unknown task{'s' if len(unknown) > 1 else ''} for {args.env}: {', '.join(unknown)} "
+                         f"(`coda tasks {app}` lists them)")
     agent = make_agent(args.agent, app, screen, args.planner, args.executor, args.planner_model,
                        args.executor_model, args.history, args.seed)
-    out = Path(args.out or f"runs/{args.agent}-{time.strftime('%Y%m%d-%H%M%S')}")
+    config = {"planner": args.planner, "executor": args.executor, "planner_model": args.planner_model,
+              "executor_model": args.executor_model, "history": args.history, "seed": args.seed}
     summary = run_eval(args.env, agent, out, args.tasks, args.episodes, args.num_envs, args.seed, env_kwargs,
-                       progress=not args.quiet)
+                       progress=not args.quiet, config=config)
     print_table(summary, out)
     return 0

@@ -17,20 +17,9 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
+from coda_env.runs import TrajectoryWriter, append_jsonl, py
+
 from .policy import Agent, AgentStep, PlannerSample
-
-
-def _py(v: Any) -> Any:
-    """numpy values -> JSON-safe Python values."""
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, dict):
-        return {k: _py(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_py(x) for x in v]
-    return v
 
 
 def unbatch_info(infos: dict, i: int) -> dict:
@@ -42,49 +31,14 @@ def unbatch_info(infos: dict, i: int) -> dict:
         mask = infos.get(f"_{k}")
         if mask is not None and not mask[i]:
             continue
-        out[k] = unbatch_info(v, i) if isinstance(v, dict) else _py(v[i])
+        out[k] = unbatch_info(v, i) if isinstance(v, dict) else py(v[i])
     return out
 
 
-def save_png(frame: np.ndarray, path: Path) -> None:
-    from PIL import Image
-    Image.fromarray(frame).save(path, compress_level=1)
-
-
-class TrajectoryWriter:
-    """One episode's files under out/trajectories/<task>__<episode>/, written as it happens: step_000.png (the
-    first screen), then per step a steps.jsonl record and step_NNN.png (the screen after it)."""
-
-    def __init__(self, out: Path, task, episode: int, first_screenshot: np.ndarray):
-        self.task, self.episode = task, episode
-        self.dir = out / "trajectories" / f"{task.id}__{episode}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for old in self.dir.glob("step_*.png"):
-            old.unlink()
-        save_png(first_screenshot, self.dir / "step_000.png")
-        self.log = open(self.dir / "steps.jsonl", "w")
-        self.steps, self.parse_errors, self.t0 = 0, 0, time.monotonic()
-
-    def record(self, step: AgentStep, obs: dict, reward: float, info: dict, agent_seconds: float) -> None:
-        self.steps += 1
-        self.parse_errors += len(step.parse_errors)
-        save_png(obs["screenshot"], self.dir / f"step_{self.steps:03d}.png")
-        self.log.write(json.dumps({
-            "task": self.task.id, "episode": self.episode, "step": self.steps, "thought": step.thought,
-            "plan": step.plan, "action": step.action, "parse_errors": step.parse_errors,
-            "action_error": info.get("action_error"), "reward": float(reward), "error": info.get("error"),
-            "timings": {"agent": round(agent_seconds, 4), **(info.get("timings") or {})},
-            "calls": step.calls}) + "\n")
-        self.log.flush()
-
-    def finish(self, reward: float, info: dict) -> dict:
-        """Close the files; the episode's record (what episodes.jsonl holds)."""
-        self.log.close()
-        return {"task": self.task.id, "episode": self.episode, "app": self.task.app,
-                "difficulty": self.task.difficulty, "category": self.task.category,
-                "success": bool(info.get("success")), "reward": float(reward), "steps": self.steps,
-                "parse_errors": self.parse_errors, "seconds": round(time.monotonic() - self.t0, 3),
-                "checks": info.get("checks"), "answer": info.get("answer"), "error": info.get("error")}
+def step_record(step: AgentStep) -> dict:
+    """What the run folder keeps of an agent's step (coda_env.runs.TrajectoryWriter.record)."""
+    return {"thought": step.thought, "plan": step.plan, "action": step.action, "parse_errors": step.parse_errors,
+            "calls": step.calls}
 
 
 def make_vector_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.VectorEnv:
@@ -184,19 +138,17 @@ def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_i
         r.steps.append({"thought": step.thought, "plan": step.plan, "action": step.action,
                         "parse_errors": step.parse_errors, "action_error": info.get("action_error")})
         if slot in writers:
-            writers[slot].record(step, {"screenshot": shot}, reward, info, agent_s)
+            writers[slot].record(step_record(step), shot, reward, info, agent_s)
 
     def on_end(slot, reward, info):
         r = current.pop(slot)
         r.reward, r.success, r.info = reward, bool(info.get("success")), info
         if slot in writers:
-            rec = writers.pop(slot).finish(reward, info)
-            with open(out / "episodes.jsonl", "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_jsonl(out / "episodes.jsonl", writers.pop(slot).finish(reward, info))
 
     try:
         run_episodes(envs, agent, tasks, queue, on_start, on_step, on_end, seed=seed)
     finally:
         for w in writers.values():
-            w.log.close()
+            w.close()
     return rollouts

@@ -64,11 +64,11 @@ def _runs(patterns: Sequence[str | Path]) -> list[Path]:
 def load_examples(runs: Sequence[str | Path], filter: str = "check", judge=None, threshold: float = 0.5,
                   history_images: int = 2, screen: tuple[int, int] = (1280, 800)) -> tuple[list[Example], dict]:
     """Planner examples from the kept episodes of `runs`, and counts (episodes seen, kept, examples)."""
-    from coda_env.judge import load_episodes, read_jsonl, read_png
+    from coda_env.runs import load_episodes, read_jsonl, read_png
     if filter not in ("check", "judge"):
         raise ValueError("filter must be 'check' or 'judge'")
     if filter == "judge" and judge is None:
-        raise ValueError("filter='judge' needs a judge (coda_env.judge.Judge or its config)")
+        raise ValueError("filter='judge' needs a judge (coda_agent.judge.Judge or its config)")
     examples: list[Example] = []
     counts = {"episodes": 0, "kept": 0, "skipped": 0, "examples": 0}
     for run in _runs(runs):

@@ -95,7 +95,7 @@ def main_train(args: argparse.Namespace) -> int:
         raise ValueError("coda train sft needs --planner DIR and --from RUN_DIRS")
     judge = None
     if cfg.filter == "judge":
-        from coda_env.judge import Judge, JudgeConfig
+        from .judge import Judge, JudgeConfig
         judge = Judge(JudgeConfig(models=cfg.judge, threshold=cfg.threshold))
     vlm = TransformersVLM(cfg.planner, device=cfg.device)
     examples, counts = load_examples(cfg.runs, cfg.filter, judge, cfg.threshold, cfg.history_images)

@@ -1,17 +1,16 @@
 """coda_env: Gymnasium environments on real scientific desktop applications.
 
-Importing the package registers every env id (one table, one loop); `gym.make("coda_env:coda/KAlgebra-v0")`
-works without importing it first.
+Importing the package imports the app packages (`coda_env/apps/<app>/`), each of which registers its env
+id, check types and setup operations (`coda_env.registry`); `gym.make("coda_env:coda/KAlgebra-v0")` works
+without importing it first.
 """
-from gymnasium.envs.registration import register, registry
+from . import checks, setup_ops  # noqa: F401  (the core check types and setup operations register first)
+from . import apps  # noqa: F401  (each app package registers itself)
+from .registry import APPS, AppSpec, register_app
 
-#: env id -> app adapter name
-ENVS = {
-    "coda/KAlgebra-v0": "kalgebra",
-}
+__all__ = ["APPS", "AppSpec", "register_app", "envs"]
 
-for _id, _app in ENVS.items():
-    if _id not in registry:
-        register(id=_id, entry_point="coda_env.env:CodaEnv", kwargs={"app": _app})
 
-__all__ = ["ENVS"]
+def envs() -> dict[str, str]:
+    """Every registered env id -> the app's name."""
+    return {spec.env_id: name for name, spec in APPS.items()}

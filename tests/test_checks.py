@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from coda_env.checks import CheckError, MathExpr, run_checks, validate_check
+from coda_env.apps.kalgebra.checks import MathExpr
+from coda_env.checks import CheckError, run_checks, validate_check
 
 STATE = {"tab": "2D Graph", "variables": {"a": "81", "b": "0.333333333333", "s": "x->x^2"},
          "functions_2d": [{"name": "f1", "expression": "x->sin(x)"}, {"name": "f2", "expression": "x^2+y^2=4"}],

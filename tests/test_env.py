@@ -50,9 +50,10 @@ def test_observation_and_info(kalgebra_env):
     assert kalgebra_env.observation_space.contains(obs)
     shot = obs["screenshot"]
     assert shot.shape == (800, 1280, 3) and shot.dtype == np.uint8 and shot.std() > 0
-    assert set(info["timings"]) >= {"desktop", "launch", "setup", "settle", "reset"}
+    assert set(kalgebra_env.timings) >= {"desktop", "launch", "setup", "settle", "reset"}
+    assert "timings" not in info      # opt-in (info_timings=True): check_env wants identical infos
     obs, r, term, trunc, info = kalgebra_env.step("pyautogui.click(500, 751)")
-    assert set(info["timings"]) >= {"action", "settle", "screenshot"}
+    assert set(kalgebra_env.timings) >= {"action", "settle", "screenshot"}
     assert (r, term, trunc) == (0.0, False, False)
     # the step budget truncates and still scores
     for _ in range(kalgebra_env.unwrapped.tasks["calc_power"].steps - 1):
@@ -123,7 +124,7 @@ def test_unknown_task_is_a_clear_error(kalgebra_env):
 
 def test_killing_the_app_truncates_and_reset_recovers(kalgebra_env):
     kalgebra_env.reset(options={"task": "calc_power"})
-    proc = kalgebra_env.unwrapped._proc
+    proc = kalgebra_env.unwrapped.procs["kalgebra"]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=5)
     obs, r, term, trunc, info = kalgebra_env.step("pyautogui.click(500, 751)")
@@ -268,7 +269,7 @@ def test_guest_a11y_reader_reads_what_the_client_reads(kalgebra_env):
     """The libvirt backend reads app state by running coda_env/a11y.py in the guest; the same script run on
     this desktop's bus gives KAlgebra's adapter the same state, tab and widget positions as the live client."""
     from coda_env.a11y import A11yError
-    from coda_env.apps.kalgebra import _DETAILS, _STATE_SKIP, KAlgebra
+    from coda_env.apps.kalgebra.adapter import _DETAILS, _STATE_SKIP, KAlgebra
     rewards, *_ = run_solution(kalgebra_env, "calc_power")
     assert rewards[-1] == 1.0
     desktop = kalgebra_env.unwrapped.desktop
@@ -301,8 +302,8 @@ def test_guest_a11y_reader_reads_what_the_client_reads(kalgebra_env):
 
 def test_guest_a11y_reader_errors_are_clear(kalgebra_env):
     from coda_env.a11y import A11yError
-    from coda_env.apps import AppError
-    from coda_env.apps.kalgebra import KAlgebra
+    from coda_env.registry import AppError
+    from coda_env.apps.kalgebra.adapter import KAlgebra
     kalgebra_env.reset(options={"task": "calc_power"})
     desktop = kalgebra_env.unwrapped.desktop
     broken = _GuestView(desktop, address="unix:path=/nonexistent/bus")

@@ -13,7 +13,7 @@ import pytest
 
 from coda_agent.eval import compare, pass_at_k, run_eval, summarize, unbatch_info
 from coda_agent.policy import DoneAgent, OracleAgent, RandomAgent
-from coda_env.cli import main
+from coda_agent.cli import main
 from coda_env.tasks import load_tasks
 
 from .conftest import wait_until
@@ -68,7 +68,7 @@ def test_episodes_pass_at_k_and_compare(tmp_path):
 def test_killed_run_resumes_without_redoing_finished_episodes(tmp_path):
     out = tmp_path / "run"
     tasks = ["calc_power", "calc_log2_3", "calc_hypotenuse", "calc_gcd_lcm"]
-    cmd = [sys.executable, "-m", "coda_env.cli", "eval", "--agent", "oracle", "--tasks", *tasks,
+    cmd = [sys.executable, "-m", "coda_agent.cli", "eval", "--agent", "oracle", "--tasks", *tasks,
            "--out", str(out), "--quiet"]
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

@@ -200,7 +200,7 @@ def test_stage2_sft_on_successful_trajectories(learned):
     print(f"stage-2 planner loss per epoch: {[round(h['loss'], 3) for h in hist]}")
     assert hist[-1]["loss"] < 0.6 * before, hist
     # the generalist is a self-contained checkpoint that `coda eval` runs on the app's tasks
-    from coda_env.cli import main
+    from coda_agent.cli import main
     rc = main(["eval", "--env", "coda/KAlgebra-v0", "--agent", "coda", "--planner", str(tmp / "sft" / "planner"),
                "--executor", str(tmp / "executor"), "--tasks", "calc_ans_multiply", "--max-steps", "1",
                "--out", str(tmp / "eval-generalist"), "--quiet"])
@@ -212,7 +212,7 @@ def test_train_cli_config_file_and_flags(tmp_path):
     import argparse
 
     from coda_agent.train_cli import add_arguments, config_from_args
-    from coda_env.cli import main
+    from coda_agent.cli import main
     p = argparse.ArgumentParser()
     add_arguments(p)
     saved = tmp_path / "config.json"

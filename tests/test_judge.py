@@ -1,6 +1,6 @@
 """The VLM judge: verdict parsing, voting/weights/threshold/abstention maths (against a stand-in
 chat-completions server that answers by a fixed rule: a stand-in, real vLLM/SGLang need a GPU and weights),
-multi-resolution input, tiny real Qwen2.5-VL ensembles, reward="judge" on the real KAlgebra env, and
+multi-resolution input, tiny real Qwen2.5-VL ensembles, reward=Judge(...) on the real KAlgebra env, and
 `coda judge calibrate` over real `coda eval` runs."""
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import coda_env  # noqa: F401  (registers the env ids)
-from coda_env.cli import main
-from coda_env.judge import (
+from coda_agent.cli import main
+from coda_agent.judge import (
     Judge,
     JudgeConfig,
     JudgeError,
@@ -300,13 +300,17 @@ def test_tiny_majority_batched_and_weights(tiny_pair):
 # ------------------------------------------------------------------------------------------ the env
 def test_env_reward_argument_errors():
     from coda_env.env import CodaEnv
-    with pytest.raises(ValueError, match="reward must be 'check' or 'judge'"):
+    from coda_env.scoring import Scorer
+    with pytest.raises(ValueError, match="reward must be 'check' or a scorer"):
         CodaEnv(reward="vlm")
-    with pytest.raises(ValueError, match="needs judge="):
+    with pytest.raises(ValueError, match="reward=coda_agent.judge.Judge"):
         CodaEnv(reward="judge")
-    with pytest.raises(ValueError, match="only used with reward='judge'"):
+    with pytest.raises(ValueError, match="judge= is gone"):
         CodaEnv(judge={"models": ["http://x"]})
-    assert CodaEnv().judge is None
+    with pytest.raises(TypeError, match="scorer"):
+        CodaEnv(reward=object())
+    assert CodaEnv().scorer is None
+    assert isinstance(Judge({"models": ["http://x"]}), Scorer)     # the judge follows coda_env's protocol
 
 
 def _play(env, task_id: str):
@@ -327,9 +331,9 @@ def _md5s(judge: Judge, frames) -> list[str]:
 
 
 def test_judge_reward_on_kalgebra(stand_in, seen):
-    env = gym.make("coda/KAlgebra-v0", reward="judge", judge={
+    env = gym.make("coda/KAlgebra-v0", reward=Judge({
         "models": [{"spec": stand_in, "model": "word:power"}], "samples": 2, "history": 3,
-        "history_size": [320, 200]})
+        "history_size": [320, 200]}))
     try:
         base = env.unwrapped
         frames, reward, info = _play(env, "calc_power")
@@ -344,7 +348,7 @@ def test_judge_reward_on_kalgebra(stand_in, seen):
         assert load_tasks("kalgebra")["calc_power"].instruction in seen[0]["text"]
         # what the env kept (small copies of changed screens) shows the judge exactly what the whole stored
         # trajectory would: the same images, byte for byte, as `coda judge calibrate` gives it
-        assert [i["md5"] for i in seen[0]["images"]] == _md5s(base.judge, frames)
+        assert [i["md5"] for i in seen[0]["images"]] == _md5s(base.scorer, frames)
         # ... also when the last step changed the screen (truncated by the budget right after typing)
         seen.clear()
         base.max_steps = 1
@@ -353,14 +357,14 @@ def test_judge_reward_on_kalgebra(stand_in, seen):
         base.max_steps = None
         assert trunc and not term and r == 1.0 and info["judge"]["score"] == 1.0
         assert not np.array_equal(obs["screenshot"], last["screenshot"])
-        assert [i["md5"] for i in seen[0]["images"]] == _md5s(base.judge, [obs["screenshot"], last["screenshot"]])
+        assert [i["md5"] for i in seen[0]["images"]] == _md5s(base.scorer, [obs["screenshot"], last["screenshot"]])
         assert len(seen[0]["images"]) == 2
-        assert base._frames == [] and "judge" in info["timings"]               # the screens are let go
+        assert base._frames == [] and "judge" in base.timings               # the screens are let go
         # the same judge on another task says NO though the checks pass: the two are reported side by side
         rewards, term, trunc, info = run_solution(env, "calc_log2_3")
         assert rewards[-1] == 0.0 and info["success"] is True and info["judge"]["score"] == 0.0
         # reward="score": the weighted mean itself (YES weight 1, NO weight 3 -> 0.25)
-        base.judge = _judge(stand_in, ("yes", 1.0), ("no", 3.0), samples=1, reward="score")
+        base.scorer = _judge(stand_in, ("yes", 1.0), ("no", 3.0), samples=1, reward="score")
         rewards, term, trunc, info = run_solution(env, "calc_power")
         assert rewards[-1] == pytest.approx(0.25) and info["judge"]["success"] is False
         # mid-episode the env holds only small copies of screens that changed
@@ -374,8 +378,8 @@ def test_judge_reward_on_kalgebra(stand_in, seen):
 
 def test_dead_judge_endpoint_keeps_the_env_usable(stand_in, seen):
     dead = _dead_url()
-    env = gym.make("coda/KAlgebra-v0", reward="judge", judge=JudgeConfig(
-        models=[JudgeModel(dead, model="m", options={"retries": 0})], samples=1))
+    env = gym.make("coda/KAlgebra-v0", reward=Judge(JudgeConfig(
+        models=[JudgeModel(dead, model="m", options={"retries": 0})], samples=1)))
     try:
         rewards, term, _, info = run_solution(env, "calc_power")
         assert term and rewards[-1] == 0.0
@@ -383,7 +387,7 @@ def test_dead_judge_endpoint_keeps_the_env_usable(stand_in, seen):
         assert info["success"] is True                                          # the checks' verdict stays
         rewards, _, _, info = run_solution(env, "calc_power")                   # reset and play again: fine
         assert rewards[-1] == 0.0 and "JudgeError" in info["error"]
-        env.unwrapped.judge = _judge(stand_in, ("yes", 1.0), samples=1)         # a live judge: scored again
+        env.unwrapped.scorer = _judge(stand_in, ("yes", 1.0), samples=1)         # a live judge: scored again
         rewards, _, _, info = run_solution(env, "calc_power")
         assert rewards[-1] == 1.0 and info.get("error") is None
     finally:

@@ -1075,3 +1075,164 @@ class socket_port:
 
     def __exit__(self, *exc):
         return False
+
+
+# ------------------------------------------------------------------- http_get: a server inside the guest
+
+
+class _HostGuestAgent:
+    """A stand-in for the QEMU guest agent (named as such: libvirt's test driver has none). It answers
+    `guest-exec` and `guest-exec-status` as qemu-ga does, running the command on this machine (whose Debian 12
+    python3 is the image's), and hands every other call to libvirt_qemu; so `run`, and `http_get` on top of
+    it, go through the backend's real agent code, and the request script really runs."""
+
+    class Refusal(libvirt.libvirtError):
+        def __init__(self, message):  # libvirtError's own __init__ would take libvirt's last error instead
+            Exception.__init__(self, message)
+            self.err = None
+
+    def __init__(self, lvq):
+        self._lvq, self.execs, self._procs = lvq, [], {}
+
+    def __getattr__(self, name):
+        return getattr(self._lvq, name)
+
+    def qemuAgentCommand(self, dom, text, timeout, flags):
+        import base64
+        import tempfile
+        cmd = json.loads(text)
+        args = cmd.get("arguments", {})
+        if cmd["execute"] == "guest-exec":
+            argv = [args["path"], *args.get("arg", [])]
+            self.execs.append(argv)
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            sink = {} if args.get("capture-output") else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+            try:
+                p = subprocess.Popen(argv, env=dict(e.split("=", 1) for e in args.get("env", [])),
+                                     **({"stdout": out, "stderr": err} | sink))
+            except FileNotFoundError:
+                raise self.Refusal(f"internal error: unable to execute QEMU agent command 'guest-exec': Failed to "
+                                   f"execute child process “{argv[0]}” (No such file or directory)") from None
+            self._procs[p.pid] = (p, out, err)
+            return json.dumps({"return": {"pid": p.pid}})
+        if cmd["execute"] == "guest-exec-status":
+            p, out, err = self._procs[args["pid"]]
+            if p.poll() is None:
+                return json.dumps({"return": {"exited": False}})
+            out.seek(0)
+            err.seek(0)
+            return json.dumps({"return": {"exited": True, "exitcode": p.returncode,
+                                          "out-data": base64.b64encode(out.read()).decode(),
+                                          "err-data": base64.b64encode(err.read()).decode()}})
+        return self._lvq.qemuAgentCommand(dom, text, timeout, flags)
+
+    def close(self):
+        for p, out, err in self._procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            out.close()
+            err.close()
+
+
+@pytest.fixture
+def agent(desktop, monkeypatch):
+    a = _HostGuestAgent(desktop._lvq)
+    monkeypatch.setattr(desktop, "_lvq", a)
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def rest():
+    """An HTTP server on 127.0.0.1, the guest's own address as the stand-in transports see it (in a VM it
+    would be the app's, e.g. ChimeraX's REST server): a binary body that names the request, or 404."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from .conftest import JSONHandler
+    seen = []
+
+    class Handler(JSONHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            if self.path.startswith("/missing"):
+                return self._send(404, {"error": "no such thing"})
+            body = b"\x00\xff" + f"GET {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.seen, server.port = seen, server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_capabilities_are_declared():
+    assert lvb.LibvirtDesktop.capabilities == frozenset({"snapshots", "a11y"})
+    assert callable(lvb.LibvirtDesktop.checkpoint) and callable(lvb.LibvirtDesktop.a11y)
+
+
+def test_http_get_runs_a_fixed_program_through_the_guest_agent(desktop, agent, rest):
+    assert desktop.run(["echo", "hi"]).stdout == b"hi\n"  # the stand-in answers guest-exec as qemu-ga does
+    path = "/run?command=info%20models&json=true"
+    assert desktop.http_get(rest.port, path) == b"\x00\xffGET " + path.encode()
+    assert rest.seen == [path]
+    # the program and its script are fixed; the URL is only ever an argument of it
+    assert agent.execs[-1] == ["python3", "-c", lvb.HTTP_GET_SCRIPT, f"http://127.0.0.1:{rest.port}{path}", "10.0"]
+
+
+def test_http_get_failures_are_guest_http_errors(desktop, agent, rest, monkeypatch):
+    import socket
+    with pytest.raises(lvb.GuestHttpError, match=r"GET http://127.0.0.1:\d+/missing in coda-\w+: the server "
+                                                 r"answered HTTP 404"):
+        desktop.http_get(rest.port, "/missing")
+    with socket_port() as port, pytest.raises(lvb.GuestHttpError, match=f"nothing answers on port {port} in "
+                                                                        f"the guest .*refused"):
+        desktop.http_get(port, "/")
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        t0 = time.monotonic()
+        with pytest.raises(lvb.GuestHttpError, match=r"no reply within 1 s"):
+            desktop.http_get(silent.getsockname()[1], "/", timeout=1.0)
+        assert time.monotonic() - t0 < 10
+    monkeypatch.setitem(desktop.config.guest_env, "PATH", "/nonexistent")
+    with pytest.raises(lvb.GuestHttpError, match="the guest image has no python3"):
+        desktop.http_get(rest.port, "/")
+    assert isinstance(lvb.GuestHttpError("x"), DesktopError)
+
+
+def test_http_get_checks_its_arguments_before_running_anything(desktop, agent, base):
+    for bad in ["", "run", "//evil.example/x", "/a b", "/a\nb", "/$(reboot)", "/`id`", "/a'b", '/a"b', "/x#frag",
+                "/%zz", "/a\\b", "/é", "/" + "a" * 9000, None]:
+        with pytest.raises(ValueError, match="http_get needs a URL path"):
+            desktop.http_get(8000, bad)
+    for port in (0, 65536, "80", True, 80.0):
+        with pytest.raises(ValueError, match="port must be an int"):
+            desktop.http_get(port, "/")
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        desktop.http_get(8000, "/", timeout=0)
+    assert agent.execs == []
+    assert lvb.check_http_path("/run?command=open+1abc%3B+color+red&x=a,b:c@d~e") == \
+        "/run?command=open+1abc%3B+color+red&x=a,b:c@d~e"
+    d = lvb.LibvirtDesktop(config(base))
+    with pytest.raises(DesktopError, match="not running"):
+        d.http_get(8000, "/")
+
+
+def test_http_get_over_the_http_transport(base, osworld, rest):
+    d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, guest="http", guest_url=osworld.url,
+                                  ready_command=("true",), a11y=False))
+    d.start()
+    try:
+        assert d.http_get(rest.port, "/state?x=1") == b"\x00\xffGET /state?x=1"  # bytes survive the JSON reply
+        assert "/execute" in osworld.seen and rest.seen == ["/state?x=1"]
+        with pytest.raises(lvb.GuestHttpError, match="answered HTTP 404"):
+            d.http_get(rest.port, "/missing")
+    finally:
+        d.stop()

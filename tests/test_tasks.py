@@ -30,6 +30,20 @@ def test_shipped_suite_loads():
     ({"solution": ["import os"]}, "solution[0]", "not a valid action"),
     ({"solution": [3]}, "solution[0]", "action string"),
     ({"initialize": [{"expr": "x"}]}, "initialize[0]", "func"),
+    ({"initialize": [{"func": "nope"}]}, "initialize[0]", "unknown setup operation"),
+    ({"initialize": [{"func": "console"}]}, "initialize[0]", "lacks expr"),
+    ({"initialize": [{"func": "console", "expr": 3}]}, "initialize[0]", "'expr' must be"),
+    ({"initialize": [{"func": "write_file", "path": "/etc/x", "content": "x"}]}, "initialize[0]", "relative"),
+    ({"initialize": [{"func": "write_file", "path": "../x", "content": "x"}]}, "initialize[0]", "leaves"),
+    ({"evaluate": [{"type": "val", "name": "a", "value": 1, "tol": -1}]}, "evaluate[0]", "tol"),
+    ({"evaluate": [{"type": "val", "name": "a", "value": "81"}]}, "evaluate[0]", "numeric"),
+    ({"evaluate": [{"type": "answer", "number": 1, "tol": "x"}]}, "evaluate[0]", "tol"),
+    ({"evaluate": [{"type": "predicate", "expr": "__import__('os')"}]}, "evaluate[0]", "only calls of"),
+    ({"evaluate": [{"type": "include", "path": "a", "pattern": "("}]}, "evaluate[0]", "not a valid regular"),
+    ({"id": "../escape"}, "id", "letters, digits"),
+    ({"id": "a/b"}, "id", "letters, digits"),
+    ({"instruction": "x" * 10_001}, "instruction", "max 10000"),
+    ({"apps": ["nope"]}, "apps[0]", "not another known app"),
     ({"difficulty": "insane"}, "difficulty", "one of"),
     ({"colour": "red"}, "colour", "not a task field"),
     ({"id": None}, "id", "must be str"),
@@ -59,6 +73,7 @@ def test_missing_field_and_bad_json(tmp_path):
         load_task_file(tmp_path / "missing.json")
 
 
-def test_unknown_app_folder():
-    with pytest.raises(TaskError, match="no task folder"):
+def test_unknown_app():
+    from coda_env.registry import AppError
+    with pytest.raises(AppError, match="unknown app 'no-such-app'; known apps: .*kalgebra"):
         load_tasks("no-such-app")

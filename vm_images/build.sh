@@ -12,15 +12,59 @@
 # `mkfs.ext4 -d` turns the folder into a partitionless filesystem, and the domain boots the
 # kernel directly (root=/dev/vda), so no bootloader is installed. Run as root; heavy: run it with `nice`.
 set -euo pipefail
+# The apps that install from Debian (APPS to choose), and hooks for the ones that do not:
+#   CHIMERAX_DEB=/path/ucsf-chimerax_1.8-1_amd64.deb   UCSF ChimeraX's .deb (Debian 12 build; the GUI is not
+#                          in any registry), installed with its dependencies; `chimerax` is then on PATH
+#   EXTRA_DEBS="/path/a.deb /path/b.deb"   other .deb files, installed with their dependencies
+#   EXTRA_TREES="/path/celestia:/opt/celestia /path/elan:/opt/elan ..."   folders copied in (SRC:DEST)
+#   HOOK=/path/script.sh   run in the image's chroot last (PATH links, licences, settings)
+# Their paths may be relative to the caller's folder. They are checked before anything is built (a wrong
+# path fails in a second, not after minutes of debootstrap); CHECK_ONLY=1 stops after that check.
+die() { echo "vm-image: $*" >&2; exit 2; }
+abspath() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$PWD/$1" ;; esac; }
+check_deb() {  # $1: the variable that named it, $2: the path
+  [ -e "$2" ] || die "$1: $2 does not exist"
+  [ -f "$2" ] || die "$1: $2 is not a file"
+  case "$2" in *.deb) ;; *) die "$1: $2 is not a .deb (its name does not end in .deb)" ;; esac
+  head -c 21 "$2" | cmp -s - <(printf '!<arch>\ndebian-binary') ||
+    die "$1: $2 is not a Debian package (no .deb archive header)"
+}
+DEBS=()
+for deb in ${EXTRA_DEBS:-}; do
+  deb=$(abspath "$deb"); check_deb EXTRA_DEBS "$deb"; DEBS+=("$deb")
+done
+if [ -n "${CHIMERAX_DEB:-}" ]; then
+  CHIMERAX_DEB=$(abspath "$CHIMERAX_DEB"); check_deb CHIMERAX_DEB "$CHIMERAX_DEB"
+  if command -v dpkg-deb >/dev/null; then
+    pkg=$(dpkg-deb --field "$CHIMERAX_DEB" Package 2>/dev/null) || die "CHIMERAX_DEB: dpkg-deb cannot read $CHIMERAX_DEB"
+    case "$pkg" in
+      ucsf-chimerax*) ;;
+      *) die "CHIMERAX_DEB: $CHIMERAX_DEB is the package '$pkg', not UCSF ChimeraX (ucsf-chimerax)" ;;
+    esac
+  fi
+  DEBS+=("$CHIMERAX_DEB")
+fi
+TREES=()
+for tree in ${EXTRA_TREES:-}; do
+  case "$tree" in *:/*) ;; *) die "EXTRA_TREES: '$tree' is not SRC:/ABSOLUTE/DEST" ;; esac
+  src=$(abspath "${tree%%:*}")
+  [ -d "$src" ] || die "EXTRA_TREES: $src is not a folder"
+  TREES+=("$src:${tree#*:}")
+done
+if [ -n "${HOOK:-}" ]; then
+  HOOK=$(abspath "$HOOK")
+  [ -f "$HOOK" ] || die "HOOK: $HOOK is not a file"
+fi
+if [ -n "${CHECK_ONLY:-}" ]; then
+  echo "vm-image: arguments checked; would install ${DEBS[*]:-no .deb}, copy ${TREES[*]:-no folder}, run ${HOOK:-no hook}"
+  exit 0
+fi
+
 cd "$(dirname "$0")"
 OUT=${OUT:-build}
 SIZE=${SIZE:-8G}
 SUITE=bookworm
 IMAGE="$OUT/coda-debian12.qcow2"
-# The apps that install from Debian (APPS to choose), and hooks for the ones that do not:
-#   EXTRA_DEBS="/path/ucsf-chimerax_1.8_amd64.deb ..."   .deb files, installed with their dependencies
-#   EXTRA_TREES="/path/celestia:/opt/celestia /path/elan:/opt/elan ..."   folders copied in (SRC:DEST)
-#   HOOK=/path/script.sh   run in the image's chroot last (PATH links, licences, settings)
 APPS=(${APPS:-kalgebra grass-gui texstudio})
 PACKAGES=(linux-image-amd64 initramfs-tools systemd-sysv udev dbus dbus-x11 qemu-guest-agent
           xserver-xorg-core xserver-xorg-input-libinput xinit x11-xserver-utils openbox wmctrl
@@ -54,13 +98,23 @@ printf '#!/bin/sh\nexit 101\n' > "$ROOT/usr/sbin/policy-rc.d"  # no services sta
 chmod +x "$ROOT/usr/sbin/policy-rc.d"
 chroot "$ROOT" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive chroot "$ROOT" apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"
-for deb in ${EXTRA_DEBS:-}; do
+for deb in "${DEBS[@]}"; do
   echo "vm-image: installing $deb"
   cp "$deb" "$ROOT/tmp/$(basename "$deb")"
   DEBIAN_FRONTEND=noninteractive chroot "$ROOT" apt-get install -y -qq --no-install-recommends "/tmp/$(basename "$deb")"
   rm -f "$ROOT/tmp/$(basename "$deb")"
 done
-for tree in ${EXTRA_TREES:-}; do
+if [ -n "${CHIMERAX_DEB:-}" ]; then
+  # The .deb puts ChimeraX under /usr/lib/ucsf-chimerax*/; its launcher, run as root, needs these folders.
+  if ! chroot "$ROOT" env PATH=/usr/local/bin:/usr/bin:/bin sh -c 'command -v chimerax' >/dev/null; then
+    bin=$(cd "$ROOT" && ls -d usr/lib/ucsf-chimerax*/bin/ChimeraX 2>/dev/null | head -n 1) || true
+    [ -n "$bin" ] || die "CHIMERAX_DEB: $CHIMERAX_DEB installed, but no chimerax program is on PATH and no usr/lib/ucsf-chimerax*/bin/ChimeraX exists in the image"
+    ln -sf "/$bin" "$ROOT/usr/local/bin/chimerax"
+  fi
+  mkdir -p "$ROOT/root/.config/ChimeraX" "$ROOT/root/.local/share/ChimeraX"
+  echo "vm-image: ChimeraX installed: $(chroot "$ROOT" env PATH=/usr/local/bin:/usr/bin:/bin sh -c 'readlink -f "$(command -v chimerax)"')"
+fi
+for tree in "${TREES[@]}"; do
   echo "vm-image: copying ${tree%%:*} to ${tree#*:}"
   mkdir -p "$ROOT${tree#*:}"
   cp -a "${tree%%:*}/." "$ROOT${tree#*:}/"
@@ -102,5 +156,5 @@ OUT_ABS=$(cd "$OUT" && pwd)
 sed -e "s|@KERNEL@|$OUT_ABS/vmlinuz|" -e "s|@INITRD@|$OUT_ABS/initrd.img|" domain.xml.in > "$OUT/domain.xml"
 # What the build cost, for benchmarks/libvirt_latency.py to print beside the VM's figures.
 printf '{"seconds": %d, "image_bytes": %d, "apps": "%s", "extra_debs": "%s", "built": "%s"}\n' "$SECONDS" \
-  "$(stat -c %s "$IMAGE")" "${APPS[*]}" "${EXTRA_DEBS:-}" "$(date -u +%FT%TZ)" > "$OUT/build-info.json"
+  "$(stat -c %s "$IMAGE")" "${APPS[*]}" "${DEBS[*]}" "$(date -u +%FT%TZ)" > "$OUT/build-info.json"
 echo "vm-image: done in ${SECONDS}s: $IMAGE ($(du -h "$IMAGE" | cut -f1)) (use backend_options={'base_image': '$OUT_ABS/coda-debian12.qcow2', 'domain_xml': '$OUT_ABS/domain.xml'})"

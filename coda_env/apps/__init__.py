@@ -1,35 +1,21 @@
-"""App adapters: how to launch an application, know it is ready, set it up, and read its state.
-
-An adapter knows its application and nothing about tasks: checks read the dict that `state()` returns.
-"""
+"""The app packages. Importing this imports each `coda_env/apps/<app>/` package, which registers itself
+(`coda_env.registry.register_app`); a package that fails to import is reported in `registry.BROKEN_APPS`
+(and by `coda envs`) instead of taking the other apps down."""
 from __future__ import annotations
 
-import subprocess
-from typing import Any, Callable, Protocol
+import importlib
+import pkgutil
 
-from ..backends.base import Desktop
-
-
-class AppError(RuntimeError):
-    """The application is missing, crashed, or did not become ready."""
+from ..registry import BROKEN_APPS
 
 
-class App(Protocol):
-    name: str          # the app id used by task files ("kalgebra")
-    wm_class: str      # the X window class of its main window
-
-    def launch(self, desktop: Desktop, profile_dir: str) -> subprocess.Popen: ...
-    def ready(self, desktop: Desktop) -> bool: ...
-    def state(self, desktop: Desktop) -> dict[str, Any]: ...
-    def setup(self, desktop: Desktop, op: dict[str, Any]) -> None:
-        """Run one `initialize` operation of a task file (its `func` names it)."""
-    def close(self) -> None: ...
-    setup_ops: dict[str, Callable]
+def load_all() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        if mod.ispkg and not mod.name.startswith("_"):
+            try:
+                importlib.import_module(f"{__name__}.{mod.name}")
+            except Exception as e:  # noqa: BLE001 - one broken app must not hide the others
+                BROKEN_APPS[mod.name] = f"{type(e).__name__}: {e}"
 
 
-def get_app(name: str) -> App:
-    """A fresh adapter for an app id."""
-    if name == "kalgebra":
-        from .kalgebra import KAlgebra
-        return KAlgebra()
-    raise AppError(f"unknown app {name!r}; known apps: kalgebra")
+load_all()

@@ -37,8 +37,13 @@ class Window:
 
 @runtime_checkable
 class Desktop(Protocol):
+    """What the env and the app adapters call. Optional capabilities are declared in `capabilities`, never
+    probed: "a11y" (an AT-SPI bus: `a11y()` works), "snapshots" (`checkpoint(name)` saves the running
+    desktop, `reset()` reverts to the last checkpoint; a VM)."""
     width: int
     height: int
+    capabilities: frozenset[str]
+    app_timeout: float                 # how long an app may take to become ready here (a VM: far longer)
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -59,6 +64,14 @@ class Desktop(Protocol):
         """Read access to the accessibility trees of the apps on this desktop (the caller closes it)."""
     def kill_group(self, proc: subprocess.Popen) -> None:
         """Kill a spawned program and everything it started."""
+    def release_all(self) -> None:
+        """Release every key and mouse button an action left pressed (episode end, reset, a failed action)."""
+    def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
+        """GET http://127.0.0.1:port/path as seen from the desktop (this machine, or inside the VM guest)."""
+
+
+SNAPSHOTS = "snapshots"
+A11Y = "a11y"
 
 
 def backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:

@@ -146,6 +146,9 @@ def _cleanup(token: str, pgids: list[int], watchdog: subprocess.Popen | None, tm
 class LocalDesktop:
     """A private X desktop (Xvfb + openbox + D-Bus/AT-SPI) driven through XTest and MIT-SHM."""
 
+    capabilities = frozenset({"a11y"})
+    app_timeout = 30.0
+
     def __init__(self, config: LocalConfig | None = None):
         self.config = config or LocalConfig()
         self.width, self.height = self.config.width, self.config.height
@@ -422,6 +425,22 @@ class LocalDesktop:
                 raise DesktopError(f"the X server died during input: {e}") from None
             raise
 
+    def release_all(self) -> None:
+        """Release the modifier keys and mouse buttons an action may have left down."""
+        if not self.alive():
+            return
+        from Xlib import X
+        from Xlib.ext import xtest
+        d = self._xlib
+        for b in _BUTTONS.values():
+            xtest.fake_input(d, X.ButtonRelease, b)
+        for key in ("shift", "shiftright", "ctrl", "ctrlright", "alt", "altright", "win", "winright"):
+            try:
+                xtest.fake_input(d, X.KeyRelease, self._keycode(self._keysym(key))[0])
+            except ValueError:
+                pass
+        d.sync()
+
     def _move(self, x: int | None, y: int | None) -> None:
         from Xlib import X
         from Xlib.ext import xtest
@@ -523,6 +542,18 @@ class LocalDesktop:
 
     def read_file(self, path: str) -> bytes:
         return Path(path).read_bytes()
+
+    def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
+        """GET http://127.0.0.1:port/path (an app's own server on this machine)."""
+        import urllib.error
+        import urllib.request
+        if not (isinstance(port, int) and 0 < port < 65536) or not path.startswith("/"):
+            raise ValueError(f"bad local URL port {port!r} path {path!r}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+                return r.read()
+        except (urllib.error.URLError, OSError) as e:
+            raise DesktopError(f"GET http://127.0.0.1:{port}{path} failed: {e}") from None
 
     def write_file(self, path: str, data: bytes) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

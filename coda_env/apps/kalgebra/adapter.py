@@ -6,16 +6,15 @@ function list is a tree of (name, expression) pairs, and the tab bar says which 
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from ..a11y import A11yError, A11ySource, Node
-from ..actions import Action
-from ..backends.base import Desktop
-from . import AppError
+from ...a11y import A11yError, A11ySource, Node
+from ...actions import Action
+from ...backends.base import Desktop
+from ...registry import AppError, LaunchContext, SetupContext, SetupError, SetupOp
 
 TABS = ("Calculator", "2D Graph", "3D Graph", "Dictionary")
 _SKIP = frozenset({"menu bar", "combo box", "popup menu", "scroll bar", "web document"})
@@ -35,7 +34,8 @@ class KAlgebra:
         self._proc: subprocess.Popen | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def launch(self, desktop: Desktop, profile_dir: str) -> subprocess.Popen:
+    def launch(self, ctx: LaunchContext) -> subprocess.Popen:
+        desktop, profile_dir = ctx.desktop, ctx.home
         # asked of the desktop, so it looks where the app will run (this machine, or the guest of a VM)
         if desktop.run(["sh", "-c", 'command -v "$0"', self.binary], timeout=30).returncode != 0:
             raise AppError("kalgebra is not installed: run `make setup` (it installs Debian's kalgebra package; "
@@ -81,6 +81,9 @@ class KAlgebra:
                 and tree.first("frame", "Variables") is not None)
 
     # ------------------------------------------------------------------ state
+    def a11y_text(self, desktop: Desktop) -> str:
+        return self.tree(desktop).to_text()
+
     def tree(self, desktop: Desktop, skip_roles: frozenset[str] = _SKIP) -> Node:
         """The app's accessibility tree (the `a11y_tree` observation; state reads skip more)."""
         if self._proc is not None and self._proc.poll() is not None:
@@ -145,7 +148,8 @@ class KAlgebra:
             raise AppError(f"KAlgebra widget {node.role} {node.name!r} is not on screen")
         desktop.input(Action("click", x=ext[0] + ext[2] // 2, y=ext[1] + ext[3] // 2))
 
-    def setup(self, desktop: Desktop, op: dict[str, Any]) -> None:
+    def run_op(self, desktop: Desktop, op: dict[str, Any]) -> None:
+        """One of KAlgebra's own setup operations (registered below)."""
         try:
             self._setup(desktop, op)
         except A11yError as e:
@@ -176,8 +180,6 @@ class KAlgebra:
                     if time.monotonic() > deadline:
                         raise AppError(f"KAlgebra did not add the 2D function {op['expr']!r}")
                     time.sleep(0.02)
-        elif func == "write_file":
-            desktop.write_file(os.path.expanduser(op["path"]).replace("~", desktop_home(desktop)), op["content"].encode())
         else:
             raise AppError(f"unknown KAlgebra setup operation {func!r}")
 
@@ -189,5 +191,35 @@ class KAlgebra:
             time.sleep(0.01)
 
 
-def desktop_home(desktop: Desktop) -> str:
-    return getattr(desktop, "app_home", os.path.expanduser("~"))
+
+def _run(ctx: SetupContext, op: dict) -> None:
+    ctx.app.run_op(ctx.desktop, op)
+
+
+def _expr_validate(op: dict) -> None:
+    from ...actions import ActionError, parse_action
+    expr = op.get("expr")
+    if not isinstance(expr, str) or not expr.strip() or len(expr) > 500:
+        raise SetupError("'expr' must be a non-empty string of at most 500 characters")
+    try:  # it is typed through the keyboard, so it must be typeable
+        parse_action(f"pyautogui.write({expr!r})")
+    except ActionError as e:
+        raise SetupError(f"'expr' cannot be typed: {e}") from None
+
+
+def _tab_validate(op: dict) -> None:
+    if ("index" in op) == ("name" in op):
+        raise SetupError("'tab' needs exactly one of index or name")
+    if "index" in op and op["index"] not in range(len(TABS)) or isinstance(op.get("index"), bool):
+        raise SetupError(f"'index' must be 0..{len(TABS) - 1}")
+    if "name" in op and op["name"] not in TABS:
+        raise SetupError(f"'name' must be one of {TABS}")
+
+
+_EXPR = (frozenset({"expr"}), frozenset())
+SETUP_OPS = [
+    SetupOp("tab", _run, _tab_validate, (frozenset(), frozenset({"index", "name"}))),
+    SetupOp("console", _run, _expr_validate, _EXPR),
+    SetupOp("func_2d", _run, _expr_validate, _EXPR),
+    SetupOp("func_3d", _run, _expr_validate, _EXPR),
+]

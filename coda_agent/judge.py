@@ -12,7 +12,8 @@ CODA scores rollouts with open VLM judges and raises their precision three ways,
   - ensemble: the score is the weight-averaged vote of the models that voted; nobody voted -> score 0.0.
 `success = score >= threshold`. The model's text is only matched against a regular expression: never eval'd.
 
-Nothing here imports torch (or coda_agent) at import time: models are loaded on first use, so building a
+A `Judge` follows coda_env's scorer protocol (`coda_env.scoring.Scorer`): `gym.make(id, reward=judge)` scores
+episodes with it. Nothing here imports torch at import time: models are loaded on first use, so building a
 Judge (or an env with one) is cheap and pickles to vector-env workers without weights.
 
 Serving note: a judge prompt holds up to history + 1 images; vLLM needs `--limit-mm-per-prompt image=N`
@@ -33,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from coda_env.runs import RunError, load_episodes, read_jsonl, read_png  # noqa: F401  (re-exported)
+from coda_env.scoring import Episode, Score, ScoringError, fit_within
 
 # ------------------------------------------------------------------------------------------ prompts
 JUDGE_SYSTEM = (
@@ -65,7 +69,7 @@ def parse_verdict(text: str) -> bool | None:
     return bare.group(1).lower() == "yes" if bare else None
 
 
-class JudgeError(RuntimeError):
+class JudgeError(ScoringError):
     """A judge model could not be loaded or did not answer; the message names which."""
 
 
@@ -185,18 +189,6 @@ class JudgeResult:
 
 
 # ------------------------------------------------------------------------------------------ images
-def fit_within(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Downscale (never upscale) to fit in size = (width, height), aspect kept; area-averaged so small text
-    blurs instead of aliasing. Idempotent: a frame that already fits is returned as it is."""
-    h, w = frame.shape[:2]
-    s = min(size[0] / w, size[1] / h)
-    if s >= 1.0:
-        return frame
-    from PIL import Image
-    nw, nh = max(1, round(w * s)), max(1, round(h * s))
-    return np.asarray(Image.fromarray(np.ascontiguousarray(frame)).resize((nw, nh), Image.Resampling.BOX))
-
-
 def pick_history(n: int, k: int) -> list[int]:
     """k of n indices, evenly spaced, first and last included."""
     if k <= 0 or n <= 0:
@@ -347,72 +339,34 @@ class Judge:
             results.append(JudgeResult(score, bool(total > 0 and score >= c.threshold), votes, shown[j], seconds))
         return results
 
-    def score(self, instruction: str, screenshots: Sequence[np.ndarray], answer: str | None = None) -> JudgeResult:
+    def judge(self, instruction: str, screenshots: Sequence[np.ndarray], answer: str | None = None) -> JudgeResult:
+        """Judge one episode given as (instruction, screenshots in order, final answer)."""
         return self.score_batch([(instruction, screenshots, answer)])[0]
 
+    # ---------------------------------------------------------------------------------- scorer protocol
+    @property
+    def history_size(self) -> tuple[int, int] | None:
+        """What the env keeps of earlier screens for this judge (coda_env.scoring.Scorer)."""
+        return self.config.history_size if self.config.history > 0 else None
 
-def make_judge(judge: Judge | JudgeConfig | dict | None) -> Judge:
-    if judge is None:
-        raise ValueError("reward='judge' needs judge=JudgeConfig(models=[...]) (or a dict of its fields, or a Judge)")
+    def score(self, episode: Episode | str, screenshots: Sequence[np.ndarray] | None = None,
+              answer: str | None = None) -> Score | JudgeResult:
+        """The scorer protocol: `score(Episode) -> Score` (what the env calls at the end of an episode:
+        reward 1.0/0.0 by threshold, or the score itself with config.reward="score"). For stored episodes,
+        `score(instruction, screenshots, answer)` is `judge(...)`."""
+        if not isinstance(episode, Episode):
+            return self.judge(episode, screenshots or [], answer)
+        result = self.judge(episode.instruction, [*episode.earlier, episode.final], episode.answer)
+        reward = float(result.score) if self.config.reward == "score" else (1.0 if result.success else 0.0)
+        return Score(reward, result.success, result.to_dict())
+
+
+def make_judge(judge: Judge | JudgeConfig | dict) -> Judge:
+    """A Judge from itself, a JudgeConfig or a dict of its fields."""
     return judge if isinstance(judge, Judge) else Judge(judge)
 
 
 # ------------------------------------------------------------------------------------------ calibrate
-def read_png(path: Path) -> np.ndarray:
-    """A stored screenshot as (H, W, 3) uint8 RGB."""
-    from PIL import Image
-    with Image.open(path) as im:
-        return np.asarray(im.convert("RGB"))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSONL file written as it happened (steps.jsonl, episodes.jsonl); a line cut by a
-    crash is skipped; a missing file has none."""
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
-
-
-def load_episodes(run: Path) -> tuple[list[dict], list[dict]]:
-    """(episodes to judge, skipped with the reason) of one `coda eval` run directory. Each episode: its
-    record from episodes.jsonl plus instruction, the step PNG paths in order, and the final answer."""
-    from .tasks import TaskError, load_tasks
-    path = run / "episodes.jsonl"
-    if not path.exists():
-        raise ValueError(f"{run} has no episodes.jsonl: not a `coda eval` run directory")
-    records: dict[tuple[str, int], dict] = {}
-    for rec in read_jsonl(path):
-        if "task" in rec and "episode" in rec:
-            records[(rec["task"], rec["episode"])] = rec        # a rerun's record replaces the earlier one
-    good, skipped = [], []
-    for (tid, ep), rec in records.items():
-        where = {"run": str(run), "task": tid, "episode": ep, "app": rec.get("app")}
-        try:
-            task = load_tasks(rec["app"])[tid]
-        except (KeyError, TaskError, ValueError) as e:
-            skipped.append({**where, "reason": f"task not in the registry: {e}"})
-            continue
-        traj = run / "trajectories" / f"{tid}__{ep}"
-        pngs = sorted(traj.glob("step_*.png"), key=lambda p: int(p.stem.split("_")[1]))
-        steps = read_jsonl(traj / "steps.jsonl")
-        if rec.get("error"):
-            skipped.append({**where, "reason": f"the episode crashed: {rec['error']}"})
-        elif not pngs or len(pngs) != len(steps) + 1:
-            skipped.append({**where, "reason": f"{len(pngs)} screenshots for {len(steps)} steps in {traj}"})
-        else:
-            answer = rec.get("answer")
-            good.append({**where, "check": bool(rec["success"]), "instruction": task.instruction,
-                         "pngs": pngs, "answer": answer})
-    return good, skipped
-
-
 def agreement(pairs: Sequence[tuple[bool, bool]]) -> dict[str, Any]:
     """Judge vs checks over (check, judge) pairs: counts, precision, recall, agreement (None when 0/0)."""
     tp = sum(c and j for c, j in pairs)
@@ -518,7 +472,7 @@ def main_calibrate(args: argparse.Namespace) -> int:
                              threshold=args.threshold, history=args.history, history_size=args.history_size,
                              final_size=args.final_size, seed=args.seed)
         report = calibrate([Path(r) for r in args.runs], Judge(config), args.batch, progress=not args.quiet)
-    except (ValueError, JudgeError) as e:
+    except (ValueError, JudgeError, RunError) as e:
         print(f"coda judge calibrate: error: {e}", file=sys.stderr)
         return 2
     print_report(report)

@@ -26,7 +26,7 @@ import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 
-from .base import DesktopError, PolledProcess
+from ..base import DesktopError, PolledProcess
 
 
 class GuestServerError(DesktopError):

@@ -1,0 +1,173 @@
+"""The `coda` command.
+
+    coda envs                          every env id, and whether it can run on this machine (if not, why)
+    coda tasks APP [--tasks-dir DIR]   an app's tasks, and the task files that failed to load (with why)
+    coda eval ...                      run an agent over a task suite (`coda eval compare A B` diffs two runs)
+    coda train METHOD ...              train (methods: coda_agent.train.METHODS)
+    coda judge calibrate ...           the VLM judge against the checks of stored episodes
+    coda import-scienceboard SRC OUT   ScienceBoard's task files as coda task files
+
+Errors are one line on stderr and exit code 2, never a traceback. torch is imported only by the commands
+that load a model.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+
+FORMAT = argparse.ArgumentDefaultsHelpFormatter
+
+
+class CommandError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=FORMAT)
+
+
+def _envs() -> int:
+    from coda_env.registry import APPS, BROKEN_APPS
+    width = max([len(s.env_id) for s in APPS.values()] + [10])
+    for name, spec in sorted(APPS.items()):
+        missing = spec.available()
+        status = "ready" if missing is None else f"cannot run here: {missing}"
+        print(f"{spec.env_id:<{width}}  app={name:<10}  {status}")
+    for name, why in BROKEN_APPS.items():
+        print(f"{'(app package ' + name + ')':<{width}}  failed to load: {why}")
+    return 0
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    from coda_env.registry import APPS
+    from coda_env.tasks import broken_tasks, load_tasks
+    if args.app not in APPS:
+        close = difflib.get_close_matches(args.app, APPS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise CommandError(f"unknown app {args.app!r}{hint} (known: {', '.join(sorted(APPS))})")
+    dirs = [str(Path(d).resolve()) for d in args.tasks_dir]
+    for tid, task in load_tasks(args.app, dirs).items():
+        origin = "" if task.origin == "coda" else f"  [{task.origin}]"
+        print(f"{tid:<32}{task.category:<14}{task.difficulty:<8}{task.instruction[:70]}{origin}")
+    broken = broken_tasks(args.app, dirs)
+    if broken:
+        print(f"\n{len(broken)} broken task file(s), left out:")
+        for path, why in broken.items():
+            print(f"  {why}")
+    return 0
+
+
+def _import_scienceboard(argv: list[str]) -> int:
+    p = _parser("coda import-scienceboard", "Convert ScienceBoard task files (its tasks/VM/<App>/*.json layout, "
+                "or a flat folder) into coda task files OUT/<app>/<id>.json plus OUT/import-report.json.")
+    p.add_argument("src", help="ScienceBoard's tasks folder (or a checkout, or a folder of task files)")
+    p.add_argument("out", help="folder for the converted tasks (use it with --tasks-dir or CODA_TASKS_PATH)")
+    p.add_argument("--grassdata", default=None, help="a GRASS database holding ScienceBoard's two locations")
+    args = p.parse_args(argv)
+    from coda_env.scienceboard import import_folder
+    report = import_folder(Path(args.src), Path(args.out), grassdata=args.grassdata)
+    done = sum(1 for r in report["files"] if r["status"] == "converted")
+    print(f"converted {done} of {len(report['files'])} files into {args.out} "
+          f"(report: {Path(args.out) / 'import-report.json'})")
+    for app, counts in sorted(report["by_app"].items()):
+        print(f"  {app:<12} converted {counts['converted']:>3}  refused {counts['refused']:>3}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except CommandError as e:
+        print(f"coda: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("coda: interrupted", file=sys.stderr)
+        return 130
+
+
+def _fail(cmd: str, e: BaseException) -> int:
+    print(f"coda {cmd}: error: {e}", file=sys.stderr)
+    return 2
+
+
+def _main(argv: list[str]) -> int:
+    import coda_env  # noqa: F401  (registers the apps)
+    from gymnasium import error as gym_error
+
+    from coda_env.registry import AppError, CheckError, SetupError
+    from coda_env.runs import RunError
+    from coda_env.tasks import TaskError
+    user_errors = (ValueError, RuntimeError, OSError, TaskError, AppError, CheckError, SetupError, RunError,
+                   gym_error.Error)
+    if argv[:2] == ["eval", "compare"]:
+        c = _parser("coda eval compare", "Compare two eval runs: overall, per group, and changed tasks.")
+        c.add_argument("a", help="a run's --out folder or its results.json")
+        c.add_argument("b", help="the other run's --out folder or its results.json")
+        args = c.parse_args(argv[2:])
+        from .eval import compare
+        try:
+            print(compare(Path(args.a), Path(args.b)))
+        except (OSError, ValueError, KeyError) as e:
+            return _fail("eval compare", e)
+        return 0
+    if argv[:1] == ["judge"]:
+        from .judge import add_calibrate_arguments, main_calibrate
+        j = _parser("coda judge calibrate", "Judge stored `coda eval` episodes with VLMs and compare the verdicts "
+                    "with their programmatic checks (precision, recall, agreement).")
+        add_calibrate_arguments(j)
+        if argv[1:2] != ["calibrate"]:
+            j.error("the judge command is: coda judge calibrate --runs RUN [RUN ...] --judge PATH_OR_URL")
+        return main_calibrate(j.parse_args(argv[2:]))
+    if argv[:1] == ["import-scienceboard"]:
+        try:
+            return _import_scienceboard(argv[1:])
+        except user_errors as e:
+            return _fail("import-scienceboard", e)
+    p = _parser("coda", "Gymnasium environments on real scientific desktop applications, and the CODA "
+                "planner-executor agent: list envs and tasks, evaluate agents, train, judge, import tasks.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub.add_parser("envs", help="list the env ids and whether each can run here", formatter_class=FORMAT)
+    t = sub.add_parser("tasks", help="list an app's tasks (and broken task files)", formatter_class=FORMAT)
+    t.add_argument("app", nargs="?", default="kalgebra", help="the app (`coda envs` lists them)")
+    t.add_argument("--tasks-dir", action="append", default=[], metavar="DIR",
+                   help="a folder of your own task files (repeatable; also CODA_TASKS_PATH)")
+    from .eval import add_arguments
+    add_arguments(sub.add_parser("eval", help="run an agent over a task suite (or: coda eval compare A B)",
+                                 formatter_class=FORMAT))
+    sub.add_parser("judge", help="coda judge calibrate: the VLM judge against stored episodes' checks")
+    sub.add_parser("import-scienceboard", help="convert ScienceBoard's task files into coda task files")
+    train = sub.add_parser("train", help="train: coda train METHOD ... (coda train --help lists the methods)",
+                           formatter_class=FORMAT)
+    if argv[:1] == ["train"]:                   # torch is imported only for this command
+        from .train import add_arguments as add_train_arguments
+        add_train_arguments(train)
+    args = p.parse_args(argv)
+    if args.cmd == "envs":
+        return _envs()
+    if args.cmd == "tasks":
+        try:
+            return _tasks(args)
+        except (TaskError, AppError) as e:
+            raise CommandError(str(e)) from None
+    if args.cmd == "train":
+        from .train import main_train
+        try:
+            return main_train(args)
+        except user_errors as e:
+            return _fail(f"train {args.method}", e)
+    from .eval import main_eval
+    out = Path(args.out) if args.out else None
+    existed = out is not None and out.exists()
+    try:
+        return main_eval(args)
+    except user_errors as e:
+        if out is not None and not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()                        # leave no empty --out behind
+        return _fail("eval", e)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

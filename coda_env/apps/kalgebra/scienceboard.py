@@ -1,0 +1,1 @@
+"""ScienceBoard's KAlgebra task files as coda tasks (filled in below)."""

@@ -1,0 +1,238 @@
+"""FAKES for fast tests: a desktop with no X server and a scripted app, like android_env's fake simulator.
+
+`FakeDesktop` keeps the screen as a numpy array drawn from a tiny scripted app's state; `FakeApp` is that
+app: a text field that typing fills and Enter submits, and a click counter. They exist so the env loop,
+wrappers, rollouts, eval and the trainers' logic can be tested in milliseconds (`pytest -m fast`). They
+are not a model of any real application: every real app has its own end-to-end suite on a real desktop.
+
+`register_fake()` registers the app `fake` as `coda/Fake-v0` (backend "fake") with a few inline tasks.
+"""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..actions import Action
+from ..registry import AppError, AppSpec, CheckType, LaunchContext, register_app
+from .base import DesktopError, Window
+
+
+class FakeProcess:
+    """Popen-like handle of a fake app 'process'."""
+    _next = 40_000
+
+    def __init__(self, args: Sequence[str]):
+        FakeProcess._next += 1
+        self.pid, self.args, self.returncode = FakeProcess._next, list(args), None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+    terminate = kill
+
+
+class FakeDesktop:
+    """A desktop in memory (a FAKE): input updates the scripted app's state, the screenshot draws it."""
+    capabilities = frozenset()
+    app_timeout = 5.0
+
+    def __init__(self, width: int = 1280, height: int = 800, fail_start: bool = False):
+        self.width, self.height = width, height
+        self.fail_start = fail_start
+        self.started = False
+        self.procs: list[FakeProcess] = []
+        self.pressed: set[str] = set()
+        self.buttons: set[str] = set()
+        self.app: dict[str, Any] = {}
+        self.inputs: list[Action] = []
+        self.starts = 0
+
+    # lifecycle
+    def start(self) -> None:
+        if self.fail_start:
+            raise DesktopError("the fake desktop was told to fail at start")
+        self.started, self.starts = True, self.starts + 1
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+        self.procs.clear()
+        self.started = False
+        self.pressed.clear()
+        self.buttons.clear()
+
+    def alive(self) -> bool:
+        return self.started
+
+    def _check(self) -> None:
+        if not self.started:
+            raise DesktopError("the fake desktop is not running")
+
+    # observation
+    def screenshot(self) -> np.ndarray:
+        self._check()
+        img = np.full((self.height, self.width, 3), 200, np.uint8)
+        if self.running():
+            text = self.app.get("text", "")
+            digest = hashlib.sha256(repr((text, self.app.get("submitted"), self.app.get("clicks"))).encode()).digest()
+            img[: self.height // 10] = np.frombuffer(digest[:3], np.uint8)     # a "title bar" per state
+            n = min(len(text), 60)
+            img[self.height // 2: self.height // 2 + 20, 20: 20 + 20 * n] = 0  # the text field's content
+        return img
+
+    def windows(self) -> list[Window]:
+        self._check()
+        return [Window(p.pid, "fake", "Fake app", 0, 0, self.width, self.height) for p in self.procs
+                if p.poll() is None]
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+    # input
+    def input(self, action: Action) -> None:
+        self._check()
+        self.inputs.append(action)
+        if not self.running():
+            return
+        a, app = action, self.app
+        if a.kind == "type":
+            app["text"] = app.get("text", "") + a.text
+        elif a.kind in ("press", "hotkey"):
+            for key in a.keys * (a.presses if a.kind == "press" else 1):
+                if key == "enter":
+                    app.setdefault("submitted", []).append(app.get("text", ""))
+                    app["text"] = ""
+                elif key == "backspace":
+                    app["text"] = app.get("text", "")[:-1]
+        elif a.kind == "click":
+            app["clicks"] = app.get("clicks", 0) + a.clicks
+            app["last_click"] = [a.x, a.y]
+        elif a.kind == "key_down":
+            self.pressed.update(a.keys)
+        elif a.kind == "key_up":
+            self.pressed.difference_update(a.keys)
+        elif a.kind == "mouse_down":
+            self.buttons.add(a.button)
+        elif a.kind == "mouse_up":
+            self.buttons.discard(a.button)
+
+    def release_all(self) -> None:
+        self.pressed.clear()
+        self.buttons.clear()
+
+    # processes and files
+    def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
+              log: str | None = None) -> FakeProcess:
+        self._check()
+        p = FakeProcess(argv)
+        self.procs.append(p)
+        return p
+
+    def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+        self._check()
+        return subprocess.CompletedProcess(list(argv), 0, b"", b"")
+
+    def kill_group(self, proc) -> None:
+        proc.kill()
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def crash_app(self) -> None:
+        """Tests: the app 'dies' as if killed."""
+        for p in self.procs:
+            p.returncode = -9
+
+    def read_file(self, path: str) -> bytes:
+        return Path(path).read_bytes()
+
+    def write_file(self, path: str, data: bytes) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(data)
+
+    def a11y(self):
+        raise DesktopError("the fake desktop has no accessibility bus")
+
+    def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
+        raise DesktopError("the fake desktop serves no HTTP")
+
+
+class FakeApp:
+    """A scripted app (a FAKE): a text field and a click counter on a FakeDesktop."""
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.proc: FakeProcess | None = None
+
+    def launch(self, ctx: LaunchContext) -> FakeProcess:
+        if not isinstance(ctx.desktop, FakeDesktop):
+            raise AppError("the fake app runs only on the fake backend (backend='fake')")
+        ctx.desktop.app = {"text": "", "submitted": [], "clicks": 0,
+                           "opened": [Path(f).name for f in ctx.open_files]}
+        self.proc = ctx.desktop.spawn(["fake-app"])
+        return self.proc
+
+    def ready(self, desktop: FakeDesktop) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AppError("the fake app exited while starting")
+        return bool(desktop.windows())
+
+    def state(self, desktop: FakeDesktop) -> dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            raise AppError("the fake app is not running")
+        app = desktop.app
+        return {"text": app.get("text", ""), "submitted": list(app.get("submitted", [])),
+                "value": (app.get("submitted") or [None])[-1], "clicks": app.get("clicks", 0),
+                "opened": list(app.get("opened", []))}
+
+    def a11y_text(self, desktop: FakeDesktop) -> str:
+        s = self.state(desktop)
+        return f"role\tname\ttext\tbox\nentry\tinput\t{s['text']}\t20,400,1200,20"
+
+    def close(self) -> None:
+        self.proc = None
+
+
+def _clicks(c: dict, ctx) -> tuple[bool, str]:
+    got = ctx.state.get("clicks")
+    return got == c["at_least"] or (isinstance(got, int) and got >= c["at_least"]), f"{got} clicks, want >= {c['at_least']}"
+
+
+FAKE_TASKS = [
+    {"id": "fake_type_42", "app": "fake", "instruction": "Type 42 in the field and press Enter.", "steps": 5,
+     "evaluate": [{"type": "state", "path": "value", "value": "42"}],
+     "solution": ["pyautogui.write('42')", "pyautogui.press('enter')", "DONE"], "difficulty": "easy",
+     "category": "Entry"},
+    {"id": "fake_click_twice", "app": "fake", "instruction": "Click anywhere twice.", "steps": 4,
+     "evaluate": [{"type": "fake_clicks", "at_least": 2}],
+     "solution": ["pyautogui.click(10, 10)", "pyautogui.click(20, 20)", "DONE"], "category": "Pointer"},
+    {"id": "fake_answer", "app": "fake", "instruction": "What is 3 + 4? Answer with ANS.", "steps": 3,
+     "evaluate": [{"type": "answer", "number": 7}], "solution": ["ANS 7"], "difficulty": "easy",
+     "category": "Answer"},
+    {"id": "fake_note", "app": "fake", "instruction": "Type the word in note.txt and press Enter.", "steps": 5,
+     "initialize": [{"func": "write_file", "path": "note.txt", "content": "hello"},
+                    {"func": "open_file", "path": "note.txt"}],
+     "evaluate": [{"type": "state", "path": "value", "value": "hello"},
+                  {"type": "file", "path": "note.txt", "equals": "hello"}],
+     "solution": ["pyautogui.write('hello')", "pyautogui.press('enter')", "DONE"], "category": "Entry"},
+]
+
+
+def register_fake(tasks: Sequence[dict] = FAKE_TASKS) -> AppSpec:
+    """Register the FAKE app as `coda/Fake-v0` (backend 'fake'); tests call this, `import coda_env` does not."""
+    return register_app(AppSpec(
+        name="fake", env_id="coda/Fake-v0", adapter=FakeApp, tasks=list(tasks),
+        checks=[CheckType("fake_clicks", _clicks, lambda c: None, (frozenset({"at_least"}), frozenset()))],
+        env_kwargs={"backend": "fake", "settle_quiet": 0.0, "settle_timeout": 0.0},
+        description="a scripted FAKE app for fast tests (no X server)"))

@@ -1,0 +1,224 @@
+"""Where apps, check types and setup operations register, and what the core knows of them.
+
+An app is a package under `coda_env/apps/<app>/` whose `__init__` calls `register_app(AppSpec(...))`. That
+one call adds its env id (to gymnasium's registry), its check types and its setup operations; the env, the
+task loader and the `coda` command read these tables and never name an app. A test can register a
+throwaway app the same way (see `coda_env.backends.fake`).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    from .backends.base import Desktop
+    from .tasks import Task
+
+
+class CheckError(ValueError):
+    """A check definition is malformed (raised when a task file loads)."""
+
+
+class SetupError(ValueError):
+    """A setup operation is malformed, or asked for something outside the app's home."""
+
+
+class AppError(RuntimeError):
+    """The application is missing, crashed, or did not become ready."""
+
+
+# ------------------------------------------------------------------------------------------ contexts
+def confined(home: str, rel: str, what: str = "path") -> str:
+    """`rel` as an absolute path inside `home`; a task file cannot name anything outside it."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise SetupError(f"{what} must be a non-empty relative path, got {rel!r}")
+    if os.path.isabs(rel) or rel.startswith("~"):
+        raise SetupError(f"{what} {rel!r} must be relative to the app's home folder")
+    root = os.path.realpath(home)
+    full = os.path.realpath(os.path.join(root, rel))
+    if full != root and not full.startswith(root + os.sep):
+        raise SetupError(f"{what} {rel!r} leaves the app's home folder")
+    return full
+
+
+@dataclass
+class LaunchContext:
+    desktop: "Desktop"
+    home: str                              # a fresh folder per reset: the app's HOME, profile and task files
+    task: "Task"
+    open_files: list[str] = field(default_factory=list)   # absolute paths in home that setup ops asked to open
+
+
+@dataclass
+class SetupContext:
+    desktop: "Desktop"
+    app: "App"                             # the adapter of the app the operation belongs to
+    home: str
+    task: "Task"
+    open_files: list[str] = field(default_factory=list)
+
+    def path(self, rel: str) -> str:
+        return confined(self.home, rel)
+
+    def write_file(self, rel: str, data: bytes) -> None:
+        self.desktop.write_file(self.path(rel), data)
+
+
+@dataclass
+class CheckContext:
+    answer: str | None                     # the agent's ANS text ("FAIL" after FAIL), None if it gave none
+    task: "Task | None" = None
+    desktop: "Desktop | None" = None
+    home: str | None = None
+    state: dict = field(default_factory=dict)              # the main app's state, read once per evaluation
+    states: dict[str, dict] = field(default_factory=dict)  # every app of the task, by name
+
+    def state_of(self, app: str | None) -> dict:
+        if app is None:
+            return self.state
+        if app not in self.states:
+            raise KeyError(f"the task has no app {app!r} (apps: {', '.join(self.states) or 'none'})")
+        return self.states[app]
+
+    def read_file(self, rel: str) -> bytes | None:
+        """A file of the app's home (None when missing); paths outside home are refused."""
+        if self.home is None or self.desktop is None:
+            raise CheckError("this check reads files, and the episode has no home folder")
+        path = confined(self.home, rel)
+        try:
+            return self.desktop.read_file(path)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+
+# ------------------------------------------------------------------------------------------ protocols
+@runtime_checkable
+class App(Protocol):
+    """What the env calls on an app adapter (one adapter per env)."""
+    name: str
+
+    def launch(self, ctx: LaunchContext) -> subprocess.Popen:
+        """Start the app on ctx.desktop with HOME = ctx.home; return its process (a group of its own)."""
+    def ready(self, desktop: "Desktop") -> bool:
+        """Polled after launch until true (never a fixed wait); may raise AppError (it exited)."""
+    def state(self, desktop: "Desktop") -> dict[str, Any]:
+        """What the checks read; raise AppError when it cannot be read."""
+    def a11y_text(self, desktop: "Desktop") -> str:
+        """The accessible elements on screen as compact, bounded text (the `a11y_tree` observation)."""
+    def close(self) -> None:
+        """Drop connections to the app (the env kills its process group)."""
+
+
+def _no_validate(item: dict) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class CheckType:
+    name: str
+    run: Callable[[dict, CheckContext], tuple[bool, str]]
+    validate: Callable[[dict], None] = _no_validate
+    fields: tuple[frozenset[str] | set[str], frozenset[str] | set[str]] = (frozenset(), frozenset())
+    app: str | None = None                 # the app that registered it (None: core)
+
+
+@dataclass(frozen=True)
+class SetupOp:
+    name: str
+    run: Callable[[SetupContext, dict], None]
+    validate: Callable[[dict], None] = _no_validate
+    fields: tuple[frozenset[str] | set[str], frozenset[str] | set[str]] = (frozenset(), frozenset())
+    phase: str = "app"                     # "files": before launch; "app": once the app is ready
+    app: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.phase not in ("files", "app"):
+            raise ValueError(f"setup op {self.name!r}: phase must be 'files' or 'app'")
+
+
+@dataclass
+class AppSpec:
+    name: str                                          # the task files' "app"
+    env_id: str                                        # "coda/KAlgebra-v0"
+    adapter: Callable[[], App]                         # a fresh adapter per env
+    checks: Sequence[CheckType] = ()
+    setup_ops: Sequence[SetupOp] = ()
+    task_dir: Path | None = None                       # the package's tasks/ folder
+    tasks: Sequence[dict] = ()                         # tasks given inline (a test's throwaway app)
+    available: Callable[[], str | None] = lambda: None  # None: runnable here; else one line: what is missing
+    scienceboard: Any = None                           # module with convert(sb_task, path) -> coda task dict
+    scienceboard_names: tuple[str, ...] = ()           # ScienceBoard "type" values / folders it translates
+    description: str = ""
+    env_kwargs: dict = field(default_factory=dict)     # defaults passed to CodaEnv by gym.make
+
+
+APPS: dict[str, AppSpec] = {}
+CHECKS: dict[str, CheckType] = {}
+SETUP_OPS: dict[str, SetupOp] = {}
+BROKEN_APPS: dict[str, str] = {}                       # app packages that failed to import: name -> reason
+
+
+def register_check(check: CheckType, app: str | None = None) -> CheckType:
+    if check.name in CHECKS and CHECKS[check.name] != check:
+        owner = CHECKS[check.name].app or "core"
+        raise ValueError(f"check type {check.name!r} is already registered (by {owner})")
+    check = check if check.app == app else CheckType(check.name, check.run, check.validate, check.fields, app)
+    CHECKS[check.name] = check
+    return check
+
+
+def register_setup_op(op: SetupOp, app: str | None = None) -> SetupOp:
+    if op.name in SETUP_OPS and SETUP_OPS[op.name].app != app:
+        raise ValueError(f"setup operation {op.name!r} is already registered (by {SETUP_OPS[op.name].app or 'core'})")
+    op = op if op.app == app else SetupOp(op.name, op.run, op.validate, op.fields, op.phase, app)
+    SETUP_OPS[op.name] = op
+    return op
+
+
+def register_app(spec: AppSpec) -> AppSpec:
+    """Add an app: its env id, check types and setup operations. Registering the same name again replaces
+    it (a test's throwaway app); a check type or op name owned by another app is an error."""
+    from gymnasium.envs.registration import register, registry
+    for c in spec.checks:
+        register_check(c, spec.name)
+    for op in spec.setup_ops:
+        register_setup_op(op, spec.name)
+    APPS[spec.name] = spec
+    if spec.env_id in registry:
+        del registry[spec.env_id]
+    register(id=spec.env_id, entry_point="coda_env.env:CodaEnv", kwargs={"app": spec.name, **spec.env_kwargs})
+    from . import tasks
+    tasks.clear_cache()
+    return spec
+
+
+def unregister_app(name: str) -> None:
+    """Remove an app and what it registered (tests' throwaway apps)."""
+    from gymnasium.envs.registration import registry
+    spec = APPS.pop(name, None)
+    if spec is None:
+        return
+    for table in (CHECKS, SETUP_OPS):
+        for k in [k for k, v in table.items() if v.app == name]:
+            del table[k]
+    registry.pop(spec.env_id, None)
+    from . import tasks
+    tasks.clear_cache()
+
+
+def get_app_spec(name: str) -> AppSpec:
+    if name not in APPS:
+        known = ", ".join(sorted(APPS)) or "none"
+        extra = f"; app packages that failed to load: {BROKEN_APPS}" if BROKEN_APPS else ""
+        raise AppError(f"unknown app {name!r}; known apps: {known}{extra}")
+    return APPS[name]
+
+
+def app_for_env(env_id: str) -> AppSpec:
+    for spec in APPS.values():
+        if spec.env_id == env_id:
+            return spec
+    raise AppError(f"no app registers env id {env_id!r}; known: {', '.join(s.env_id for s in APPS.values())}")

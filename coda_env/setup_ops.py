@@ -1,0 +1,61 @@
+"""Setup operations every app can use in a task's `initialize` list; apps register their own beside these.
+
+All file operations are confined to the app's home folder (a fresh one per reset): a task file cannot write
+anywhere else, whatever path it names.
+"""
+from __future__ import annotations
+
+from .registry import SetupContext, SetupError, SetupOp, confined, register_setup_op
+
+MAX_CONTENT = 5_000_000
+
+
+def _check_rel(op: dict, name: str = "path") -> None:
+    confined("/nonexistent-home", op.get(name), f"{name!r}")      # the same rule as at run time
+
+
+def _write_validate(op: dict) -> None:
+    _check_rel(op)
+    if not isinstance(op.get("content"), str):
+        raise SetupError("'content' must be a string")
+    if len(op["content"]) > MAX_CONTENT:
+        raise SetupError(f"'content' is over {MAX_CONTENT} characters")
+
+
+def _write(ctx: SetupContext, op: dict) -> None:
+    ctx.write_file(op["path"], op["content"].encode())
+
+
+def _open_validate(op: dict) -> None:
+    _check_rel(op)
+
+
+def _open(ctx: SetupContext, op: dict) -> None:
+    ctx.open_files.append(ctx.path(op["path"]))
+
+
+CORE_OPS = [
+    SetupOp("write_file", _write, _write_validate, (frozenset({"path", "content"}), frozenset()), phase="files"),
+    SetupOp("open_file", _open, _open_validate, (frozenset({"path"}), frozenset()), phase="files"),
+]
+for _op in CORE_OPS:
+    register_setup_op(_op)
+
+
+def validate_op(op: object) -> None:
+    """SetupError naming the problem if an `initialize` entry is malformed."""
+    from .registry import SETUP_OPS
+    if not isinstance(op, dict) or not isinstance(op.get("func"), str):
+        raise SetupError("must be an object with a string 'func'")
+    s = SETUP_OPS.get(op["func"])
+    if s is None:
+        raise SetupError(f"unknown setup operation {op['func']!r}; known: {', '.join(sorted(SETUP_OPS))}")
+    required, optional = (set(f) for f in s.fields)
+    missing = required - op.keys()
+    if missing:
+        raise SetupError(f"operation {op['func']!r} lacks {', '.join(sorted(missing))}")
+    if required or optional:
+        extra = op.keys() - required - optional - {"func", "note"}
+        if extra:
+            raise SetupError(f"operation {op['func']!r} has unknown fields {', '.join(sorted(extra))}")
+    s.validate(op)
