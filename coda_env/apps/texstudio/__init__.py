@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ._core import AppSpec, register_app
+from ...registry import AppSpec, register_app
 
 from . import scienceboard
 from .adapter import TeXstudio

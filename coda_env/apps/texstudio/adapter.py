@@ -19,7 +19,7 @@ from typing import Any
 
 from ...a11y import A11yError, Node
 
-from ._core import AppError, LaunchContext
+from ...registry import AppError, LaunchContext
 
 WORKDIR = "atelier"          # the task files' folder inside home (ScienceBoard's /home/user/atelier)
 CONFIG_DIR = ".config/texstudio"

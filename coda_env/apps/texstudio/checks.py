@@ -1,30 +1,22 @@
-"""TeXstudio's check types: `compile` (the document builds), and `tex_file` / `tex_include` (the saved files).
+"""TeXstudio's check types: `compile` (the document builds) and `tex_file` (a saved file is its initial text
+with given replacements made).
 
 `compile` builds a scratch copy of the working folder, never the folder itself: the agent's files, and any
 PDF it built, stay as they were. pdflatex runs with -no-shell-escape and -halt-on-error (TeX Live's default
 openout_any=p keeps its writes inside the scratch folder); bibtex runs when the document has a bibliography.
 Everything runs through the desktop, so it runs where the app's files are.
 
-`tex_file` compares a saved file with exact text, or with the task's initial text of that file (its
-`write_file` setup op) with given replacements applied, which is how ScienceBoard states its TeXstudio
-tasks ("source" -> "target"). Trailing whitespace of each line and trailing newlines are ignored.
-`tex_include` searches a saved file (or a state path) with a regular expression that cannot backtrack
-catastrophically (nested unbounded repeats and back-references are refused when the task loads).
+`tex_file` compares a saved file with the task's initial text of that file (its `write_file` setup op) with
+the replacements applied, which is how ScienceBoard states its TeXstudio tasks ("source" -> "target");
+trailing whitespace of each line and trailing newlines do not count. Exact text, existence and hashes are
+the core `file` check's; regular expressions the core `include`'s.
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
-try:
-    import re._parser as _sre_parse  # Python 3.11+
-    import re._constants as _sre_const
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as _sre_const  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
-
-from ._core import CheckContext, CheckError, CheckType, confined
+from ...registry import CheckContext, CheckError, CheckType, confined
 
 MAX_FILE = 2_000_000
 _BIB = re.compile(r"^[^%\n]*\\(bibliography|addbibresource)\s*\{", re.M)
@@ -59,47 +51,28 @@ def _relpath(c: dict, key: str = "path") -> None:
 # ------------------------------------------------------------------------------------------ tex_file
 def _validate_file(c: dict) -> None:
     _relpath(c)
-    modes = [k for k in ("equals", "replacements", "exists", "sha256") if k in c]
-    if len(modes) != 1:
-        raise CheckError("needs exactly one of equals, replacements, exists, sha256")
-    if "equals" in c and not isinstance(c["equals"], str):
-        raise CheckError("equals must be a string")
-    if "exists" in c and not isinstance(c["exists"], bool):
-        raise CheckError("exists must be true or false")
-    if "sha256" in c and not (isinstance(c["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", c["sha256"])):
-        raise CheckError("sha256 must be 64 lowercase hex digits")
-    if "replacements" in c:
-        reps = c["replacements"]
-        if (not isinstance(reps, list) or not reps
-                or not all(isinstance(r, list) and len(r) == 2 and all(isinstance(s, str) for s in r) and r[0]
-                           for r in reps)):
-            raise CheckError('replacements must be a non-empty list of ["old", "new"] string pairs')
+    reps = c.get("replacements")
+    if (not isinstance(reps, list) or not reps
+            or not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r) and r[0]
+                       for r in reps)):
+        raise CheckError('replacements must be a non-empty list of ["old", "new"] string pairs')
 
 
 def _run_file(c: dict, ctx: CheckContext) -> tuple[bool, str]:
     data = ctx.read_file(c["path"])
-    if "exists" in c:
-        return (data is not None) == c["exists"], f"{c['path']} {'exists' if data is not None else 'is missing'}"
     if data is None:
         return False, f"{c['path']} is missing"
-    if "sha256" in c:
-        got = hashlib.sha256(data).hexdigest()
-        return got == c["sha256"], f"{c['path']} sha256 {got[:12]}..., want {c['sha256'][:12]}..."
-    text = data[:MAX_FILE].decode("utf-8", errors="replace")
-    if "equals" in c:
-        want = c["equals"]
-    else:
-        base = initial_text(ctx.task, c["path"])
-        if base is None:
-            return False, f"the task writes no initial {c['path']} to apply replacements to"
-        want = base
-        for old, new in c["replacements"]:
-            if old not in want:
-                return False, f"the initial {c['path']} has no {old!r} to replace"
-            want = want.replace(old, new)
-    got, want = normalize(text), normalize(want)
+    base = initial_text(ctx.task, c["path"])
+    if base is None:
+        return False, f"the task writes no initial {c['path']} to apply replacements to"
+    want = base
+    for old, new in c["replacements"]:
+        if old not in want:
+            return False, f"the initial {c['path']} has no {old!r} to replace"
+        want = want.replace(old, new)
+    got, want = normalize(data[:MAX_FILE].decode("utf-8", errors="replace")), normalize(want)
     if got == want:
-        return True, f"{c['path']} has the expected text ({len(got)} characters)"
+        return True, f"{c['path']} is its initial text with the {len(c['replacements'])} replacement(s) made"
     return False, f"{c['path']} differs from the expected text: {_first_diff(got, want)}"
 
 
@@ -109,78 +82,6 @@ def _first_diff(got: str, want: str) -> str:
         if x != y:
             return f"line {i + 1} is {x[:120]!r}, want {y[:120]!r}"
     return f"{len(a)} lines, want {len(b)}"
-
-
-# ------------------------------------------------------------------------------------------ tex_include
-def _safe_pattern(pattern: str) -> re.Pattern:
-    """Compile a task's regex, refusing the constructs that backtrack catastrophically."""
-    try:
-        parsed = _sre_parse.parse(pattern)
-    except re.error as e:
-        raise CheckError(f"pattern {pattern!r} is not a regular expression: {e}") from None
-    repeats = (_sre_const.MAX_REPEAT, _sre_const.MIN_REPEAT, getattr(_sre_const, "POSSESSIVE_REPEAT", None))
-
-    def walk(items, inside_repeat: bool) -> None:
-        for op, av in items:
-            if op in (_sre_const.GROUPREF, _sre_const.GROUPREF_EXISTS):
-                raise CheckError(f"pattern {pattern!r}: back-references are not allowed")
-            if op in repeats:
-                lo, hi, sub = av
-                unbounded = hi == _sre_const.MAXREPEAT or hi > 1000
-                if inside_repeat and unbounded:
-                    raise CheckError(f"pattern {pattern!r}: nested unbounded repeats are not allowed")
-                walk(sub, inside_repeat or unbounded)
-            elif op == _sre_const.SUBPATTERN:
-                walk(av[-1], inside_repeat)
-            elif op == _sre_const.BRANCH:
-                for b in av[1]:
-                    walk(b, inside_repeat)
-            elif op in (_sre_const.ASSERT, _sre_const.ASSERT_NOT):
-                walk(av[1], inside_repeat)
-    walk(parsed, False)
-    return re.compile(pattern)
-
-
-def _validate_include(c: dict) -> None:
-    if ("path" in c) == ("state" in c):
-        raise CheckError("needs exactly one of path (a saved file) or state (a dotted path into the state)")
-    if "path" in c:
-        _relpath(c)
-    if not isinstance(c.get("pattern"), str) or len(c["pattern"]) > 1000:
-        raise CheckError("pattern must be a string of at most 1000 characters")
-    _safe_pattern(c["pattern"])
-    if "count" in c and (not isinstance(c["count"], int) or isinstance(c["count"], bool) or c["count"] < 0):
-        raise CheckError("count must be a non-negative integer")
-    if "negate" in c and not isinstance(c["negate"], bool):
-        raise CheckError("negate must be true or false")
-
-
-def _dotted(state: Any, path: str) -> Any:
-    cur = state
-    for part in path.split("."):
-        if isinstance(cur, dict):
-            cur = cur.get(part)
-        elif isinstance(cur, list) and part.lstrip("-").isdigit() and -len(cur) <= int(part) < len(cur):
-            cur = cur[int(part)]
-        else:
-            return None
-    return cur
-
-
-def _run_include(c: dict, ctx: CheckContext) -> tuple[bool, str]:
-    if "path" in c:
-        data = ctx.read_file(c["path"])
-        if data is None:
-            return False, f"{c['path']} is missing"
-        text, where = data[:MAX_FILE].decode("utf-8", errors="replace"), c["path"]
-    else:
-        value = _dotted(ctx.state, c["state"])
-        text, where = ("" if value is None else str(value))[:MAX_FILE], f"state {c['state']}"
-    n = len(_safe_pattern(c["pattern"]).findall(text))
-    ok = n == c["count"] if "count" in c else n > 0
-    if c.get("negate"):
-        ok = not ok
-    return ok, f"{where}: {n} match(es) of {c['pattern']!r}" + (" (negated)" if c.get("negate") else "")
 
 
 # ------------------------------------------------------------------------------------------ compile
@@ -292,10 +193,7 @@ def _read(d, path: str) -> bytes:
 CHECKS = (
     CheckType("compile", _run_compile, _validate_compile,
               (frozenset({"path"}), frozenset({"file", "timeout", "min_pages", "contains", "bibtex"}))),
-    CheckType("tex_file", _run_file, _validate_file,
-              (frozenset({"path"}), frozenset({"equals", "replacements", "exists", "sha256"}))),
-    CheckType("tex_include", _run_include, _validate_include,
-              (frozenset({"pattern"}), frozenset({"path", "state", "count", "negate"}))),
+    CheckType("tex_file", _run_file, _validate_file, (frozenset({"path", "replacements"}), frozenset())),
 )
 
 __all__ = ["CHECKS", "normalize", "initial_text"]

@@ -14,7 +14,7 @@ Setup operations:
 Checks:
 - `file` {path, source, target} -> `tex_file` {path, replacements: [[source, target]]}: the saved file is the
   initial text with that replacement.
-- `compile` {path, file} -> `compile`; `include` {path, pattern} -> `tex_include`.
+- `compile` {path, file} -> `compile`; `include` {path, pattern} -> the core `include`.
 - `stop` {value: "ANS", args: [x]} -> the core `answer` check; a predicate (`pred`: "lambda dump: ...") ->
   the core `predicate` check through `coda_env.checks.translate_lambda`.
 Figures a document includes that no operation writes (C-03/C-04 include figs/*.pdf from ScienceBoard's VM
@@ -27,11 +27,8 @@ import re
 import shlex
 from typing import Any
 
-try:
-    from ...tasks import TaskError
-except ImportError:  # pragma: no cover
-    class TaskError(ValueError):  # type: ignore[no-redef]
-        pass
+from ...scienceboard import base_task
+from ...tasks import TaskError
 
 SB_HOME = "/home/user/"
 OTHER_APPS = {"chimerax": "chimerax", "kalgebra": "kalgebra", "celestia": "celestia", "celestia-qt6": "celestia",
@@ -107,7 +104,7 @@ def _check(item: dict, where: str) -> dict:
     if kind == "compile":
         return {"type": "compile", "path": _rel(item.get("path"), where), "file": str(item.get("file", "main"))}
     if kind == "include":
-        return {"type": "tex_include", "path": _rel(item.get("path"), where), "pattern": item["pattern"]}
+        return {"type": "include", "path": _rel(item.get("path"), where), "pattern": item["pattern"]}
     if kind == "stop":
         value, args = item.get("value"), item.get("args") or []
         if value == "ANS" and len(args) == 1:
@@ -174,17 +171,8 @@ def convert(sb: dict, path: str) -> dict:
                         "stand in for them)")
     if stem == "B-04":
         requires.append("a web browser with access to Google Scholar (the entry can also be typed by hand)")
-    task: dict[str, Any] = {
-        "id": f"sb-texstudio-{stem}",
-        "app": "texstudio",
-        "instruction": sb.get("instruction", ""),
-        "steps": int(sb.get("steps", 15)),
-        "initialize": init,
-        "evaluate": evaluate,
-        "difficulty": "medium",
-        "category": "scienceboard",
-        "origin": f"scienceboard:TeXstudio/{stem}",
-    }
+    task: dict[str, Any] = {**base_task(sb, path, "texstudio"), "initialize": init, "evaluate": evaluate,
+                            "difficulty": "medium"}
     if apps:
         task["apps"] = apps
     if requires:
