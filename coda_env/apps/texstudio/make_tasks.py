@@ -9,8 +9,10 @@ def K(*k): return "pyautogui.hotkey(" + ", ".join(repr(x) for x in k) + ")"
 def P(k, n=1): return f"pyautogui.press({k!r})" if n == 1 else f"pyautogui.press({k!r}, presses={n})"
 def C(x, y): return f"pyautogui.click({x}, {y})"
 SAVE = K("ctrl", "s")
-def find(anchor): return [K("ctrl", "f"), W(anchor), P("escape")]
-def replace_each(old, new, n): return [a for _ in range(n) for a in find(old) + [W(new)]]
+def find(anchor): return [K("ctrl", "home"), K("ctrl", "f"), W(anchor), P("escape")]
+# Each find types a different text: the find field keeps a history, and typing a prefix of an earlier search
+# opens its completion pop-up, which the next Escape closes instead of the panel.
+def replace_each(pairs): return [a for old, new in pairs for a in find(old) + [W(new)]]
 def after_line(anchor, text): return find(anchor) + [P("end"), W("\n" + text)]
 
 def doc(body, pre=""):
@@ -22,6 +24,7 @@ def task(id, instruction, files, evaluate, solution, difficulty="easy", category
     init += [{"func": "open_file", "path": f"atelier/{n}"} for n in (opened or [list(files)[0]])]
     if not solution[-1].startswith(("ANS", "DONE", "FAIL")):
         solution = solution + ["DONE"]
+    steps = max(steps, len(solution) + 5)  # room for the oracle and a few slips
     TASKS.append({"id": id, "app": "texstudio", "instruction": instruction, "steps": steps,
                   "difficulty": difficulty, "category": category, "initialize": init,
                   "evaluate": evaluate, "solution": solution})
@@ -59,7 +62,7 @@ task("replace_all_word",
      "Using TeXstudio's Find & Replace, replace every 'colour' with 'color' in main.tex, then save.",
      {"main.tex": report},
      [same_with("main.tex", [["colour", "color"]]), compiles()],
-     replace_each("colour", "color", 3) + [SAVE], category="find-replace")
+     replace_each([("measured the colour", "measured the color"), ("The colour changed", "The color changed"), ("The colour was", "The color was")]) + [SAVE], category="find-replace")
 
 task("replace_year",
      "The year in main.tex is wrong: change 2023 to 2024 and save the file.",
