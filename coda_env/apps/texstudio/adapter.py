@@ -209,38 +209,46 @@ class TeXstudio:
                 out[key] = info
         return out
 
-    def _wait_build(self, desktop, timeout: float = BUILD_WAIT) -> None:
+    def _wait_build(self, desktop, timeout: float = BUILD_WAIT) -> bool:
         """If a build the agent started is still running (a TeX tool is a child of TeXstudio), wait for it to
         end, as a person would before judging: a check must not race the build's output files."""
         if self._proc is None:
-            return
+            return False
         deadline = time.monotonic() + timeout
-        pause = 0.02
+        pause, waited = 0.02, False
         while True:
             r = desktop.run(["pgrep", "-l", "-P", str(self._proc.pid)], timeout=10)
             names = {line.split()[-1] for line in r.stdout.decode(errors="replace").splitlines() if line.strip()}
             if not names & _BUILD_TOOLS or time.monotonic() > deadline:
-                return
+                return waited
+            waited = True
             time.sleep(pause)
             pause = min(pause * 2, 0.2)
 
-    def state(self, desktop) -> dict[str, Any]:
-        """{"files": {rel: {"size", "text"}}, "pdf": {rel: size}, "tabs": [...], "current_tab",
-        "messages", "log", "log_entries": [[file, type, line, message]], "pdf_page", "title"}."""
-        self._alive()
-        self._wait_build(desktop)
-        files = self._files(desktop)
-        wins = [w for w in desktop.windows() if w.wm_class == self.wm_class]
-        gui: dict[str, Any] = {"tabs": [], "current_tab": None, "messages": None, "log": None,
-                               "log_entries": [], "pdf_page": None, "pdf_pages": None,
-                               "title": wins[0].title if wins else None,
-                               "windows": [w.title for w in wins]}
+    def _read_tree(self, desktop) -> Node:
         try:
             tree = self._client(desktop).app_tree(self.a11y_name, skip_roles=_STATE_SKIP, texts=True)
         except A11yError as e:
             raise AppError(f"cannot read TeXstudio's accessibility tree: {e}") from None
         if tree is None:
             raise AppError("texstudio is not on the accessibility bus (did it crash?)")
+        return tree
+
+    def state(self, desktop) -> dict[str, Any]:
+        """{"files": {rel: {"size", "text"}}, "pdf": {rel: size}, "tabs": [...], "current_tab",
+        "messages", "log", "log_entries": [[file, type, line, message]], "pdf_page", "title"}."""
+        self._alive()
+        # The tree read goes through TeXstudio's event loop, so input sent before it (ctrl+s) has been
+        # handled when it answers: only then are the files read.
+        tree = self._read_tree(desktop)
+        if self._wait_build(desktop):
+            tree = self._read_tree(desktop)
+        files = self._files(desktop)
+        wins = [w for w in desktop.windows() if w.wm_class == self.wm_class]
+        gui: dict[str, Any] = {"tabs": [], "current_tab": None, "messages": None, "log": None,
+                               "log_entries": [], "pdf_page": None, "pdf_pages": None,
+                               "title": wins[0].title if wins else None,
+                               "windows": [w.title for w in wins]}
         tabs = self._editor_tabs(tree)
         gui["tabs"] = [t.name for t in tabs]
         lists = [lst for lst in self._tab_lists(tree) if any(t in tabs for t in lst.children)]
