@@ -5,8 +5,8 @@ the editor's text (an empty, childless node), and it saves only when told: so th
 disk are the state the checks read (as ScienceBoard's harness does), and the tree adds what the GUI shows.
 
 The profile (`--config DIR`) is written per reset: no session restore, no LanguageTool (it would start Java),
-and no typing aids (completion pop-ups, bracket closing, auto-indent), so text typed by an agent lands in the
-document as typed. Closing with unsaved work asks a question, so the env kills the process, never closes it.
+and no typing aids (completion pop-ups, bracket closing, auto-indent) or soft line wrap, so text typed by an agent
+lands in the document as typed and a cursor key moves by one line of the file. Closing with unsaved work asks a question, so the env kills the process, never closes it.
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ Editor\\ToolTip%20Preview=false
 Editor\\ImageToolTip=false
 Editor\\SilentReload=true
 Editor\\BoldCursor=false
+Editor\\WordWrapMode=0
 Startup\\CheckLatexConfiguration=false
 MainWindow\\Maximized=true
 Interface\\Language=en

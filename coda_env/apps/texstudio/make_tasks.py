@@ -1,19 +1,71 @@
 """Writes tasks/*.json: this package's own TeXstudio tasks, each with an oracle solution that works through
-the GUI (find panel, typing, shortcuts, ctrl+s, F5). Run it after editing a task here:
-`python -m coda_env.apps.texstudio.make_tasks`."""
+the GUI (cursor keys, selection, typing, shortcuts such as ctrl+b, ctrl+tab, ctrl+s, F5). Run it after editing a task here:
+`python -m coda_env.apps.texstudio.make_tasks`; `... make_tasks --scienceboard SB/tasks/VM/TeXstudio` writes
+scienceboard_oracles.json."""
 import json, os, sys
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
 
-def W(t): return f"pyautogui.write({t!r})"
+def W(t): return ("TYPE", t)
 def K(*k): return "pyautogui.hotkey(" + ", ".join(repr(x) for x in k) + ")"
 def P(k, n=1): return f"pyautogui.press({k!r})" if n == 1 else f"pyautogui.press({k!r}, presses={n})"
-def C(x, y): return f"pyautogui.click({x}, {y})"
 SAVE = K("ctrl", "s")
-def find(anchor): return [K("ctrl", "home"), K("ctrl", "f"), W(anchor), P("escape")]
-# Each find types a different text: the find field keeps a history, and typing a prefix of an earlier search
-# opens its completion pop-up, which the next Escape closes instead of the panel.
+TAB = K("ctrl", "tab")
+
+
+# The oracles move with the keyboard (ctrl+home, down, right, shift+right), not with the find panel: under a
+# heavy load the panel sometimes ignores the Escape that should close it (the app is still showing it when the
+# key arrives), and the typing after it goes astray. Keys in the editor are handled in order, so positions
+# computed from the document's text are exact (word wrap is off in the profile). `find` and `after_line` are
+# markers that `task()` turns into keys, following the text as the oracle edits it.
+def find(anchor): return [("FIND", anchor)]
+def line_start(anchor): return [("LINE", anchor)]
+def after_line(anchor, text): return [("AFTER", anchor), ("TYPE", "\n" + text)]
 def replace_each(pairs): return [a for old, new in pairs for a in find(old) + [W(new)]]
-def after_line(anchor, text): return find(anchor) + [P("end"), W("\n" + text)]
+
+
+def _goto(text, pos):
+    line = text.count("\n", 0, pos)
+    col = pos - (text.rfind("\n", 0, pos) + 1)
+    return [K("ctrl", "home")] + ([P("down", line)] if line else []) + ([P("right", col)] if col else [])
+
+
+def resolve(solution, texts, current):
+    """Markers -> action strings, simulating the edits on `texts` (file -> text) to place later moves."""
+    out, sel, cursor = [], None, 0
+    for a in solution:
+        text = texts[current]
+        if isinstance(a, str):
+            out.append(a)
+            if a == TAB:
+                names = [n for n in texts if n != current]
+                current, sel = names[0], None
+            elif a == K("ctrl", "end"):
+                cursor, sel = len(text), None
+            continue
+        kind, arg = a
+        if kind == "FIND":
+            pos = text.index(arg)
+            out += _goto(text, pos) + [f"pyautogui.keyDown('shift')\npyautogui.press('right', presses={len(arg)})"
+                                       f"\npyautogui.keyUp('shift')"]
+            sel, cursor = (pos, len(arg)), pos + len(arg)
+        elif kind == "LINE":
+            pos = text.rfind("\n", 0, text.index(arg)) + 1
+            out += _goto(text, pos)
+            sel, cursor = None, pos
+        elif kind == "AFTER":
+            eol = text.index("\n", text.index(arg))
+            out += _goto(text, text.rfind("\n", 0, eol) + 1) + [P("end")]
+            sel, cursor = None, eol
+        elif kind == "TYPE":
+            out.append(f"pyautogui.write({arg!r})")
+            if sel:
+                texts[current] = text[:sel[0]] + arg + text[sel[0] + sel[1]:]
+                cursor, sel = sel[0] + len(arg), None
+            else:
+                texts[current] = text[:cursor] + arg + text[cursor:]
+                cursor += len(arg)
+    return out
+
 
 def doc(body, pre=""):
     return "\\documentclass{article}\n" + pre + "\\begin{document}\n" + body + "\\end{document}\n"
@@ -22,6 +74,8 @@ TASKS = []
 def task(id, instruction, files, evaluate, solution, difficulty="easy", category="editing", steps=15, opened=None):
     init = [{"func": "write_file", "path": f"atelier/{n}", "content": c} for n, c in files.items()]
     init += [{"func": "open_file", "path": f"atelier/{n}"} for n in (opened or [list(files)[0]])]
+    opened = opened or [list(files)[0]]
+    solution = resolve(solution, {n: files[n] for n in opened}, opened[-1])
     if not solution[-1].startswith(("ANS", "DONE", "FAIL")):
         solution = solution + ["DONE"]
     steps = max(steps, len(solution) + 5)  # room for the oracle and a few slips
@@ -193,7 +247,7 @@ task("add_bib_entry",
       {"type": "include", "path": "atelier/refs.bib", "pattern": r"@book\{knuth1984,"},
       {"type": "include", "path": "atelier/main.tex", "pattern": r"computable functions\s*\\cite\{turing1936\}"},
       compiles(contains="On computable numbers")],
-     find("functions") + [W("functions \\cite{turing1936}"), SAVE, K("ctrl", "tab"), K("ctrl", "end"), W(NEWBIB), SAVE],
+     find("functions") + [W("functions \\cite{turing1936}"), SAVE, TAB, K("ctrl", "end"), W(NEWBIB), SAVE],
      category="bibliography", difficulty="hard", opened=["refs.bib", "main.tex"], steps=20)
 
 book = doc("\\section{Overview}\nThis book has chapters.\n\n\\input{chapter1}\n")
@@ -214,7 +268,7 @@ task("edit_included_file",
      {"main.tex": book, "chapter1.tex": CH1},
      [same_with("chapter1.tex", [["is short", "is long"]]), {"type": "file", "path": "atelier/main.tex", "equals": book},
       compiles(contains="first chapter is long")],
-     [K("ctrl", "tab")] + find("is short") + [W("is long"), SAVE], category="multi-file", difficulty="medium",
+     [TAB] + find("is short") + [W("is long"), SAVE], category="multi-file", difficulty="medium",
      opened=["chapter1.tex", "main.tex"])
 
 task("add_conclusion_section",
@@ -245,13 +299,13 @@ task("delete_todo_line",
      "Delete the whole line 'TODO: remove this line' from main.tex (leave no empty line in its place) and save.",
      {"main.tex": doc("First line.\nTODO: remove this line\nLast line.\n")},
      [same_with("main.tex", [["TODO: remove this line\n", ""]]), compiles()],
-     find("TODO") + [P("home"), K("shift", "down"), P("delete"), SAVE], category="editing")
+     line_start("TODO") + [K("shift", "down"), P("delete"), SAVE], category="editing")
 
 task("comment_out_line",
      "Comment out the line 'Secret draft sentence.' in main.tex by putting a % at the start of it, then save.",
      {"main.tex": doc("Public sentence.\nSecret draft sentence.\n")},
      [same_with("main.tex", [["Secret draft sentence.", "%Secret draft sentence."]]), compiles()],
-     find("Secret draft") + [P("home"), W("%"), SAVE], category="editing")
+     line_start("Secret draft") + [W("%"), SAVE], category="editing")
 
 task("build_pdf",
      "Build main.tex to a PDF in TeXstudio (Build & View).",
@@ -266,7 +320,51 @@ task("count_sections_answer",
      [{"type": "answer", "value": "3"}],
      ["ANS 3"], category="reading")
 
+# ---------------------------------------------------------------- ScienceBoard oracles
+SB_BIB = ("\n@article{avagyan2018new,\n  title={A New Method in the Problem of Three Cubes},\n"
+          "  author={Avagyan, Armen and Dallakyan, Gurgen},\n  journal={arXiv preprint arXiv:1802.06776},\n"
+          "  year={2018}\n}\n")
+SB_EDITS = {  # file stem -> the oracle's edit of main.tex (what the other app, or the document, tells)
+    "A-01": ("xxx.xx", "109.03"), "A-02": ("???", "ASN"), "A-03": ("TGCCAT", "CTCGAG"), "A-04": ("38657", "46368"),
+    "B-01": ("\\cite{}", "\\cite{de2015lean}"), "B-02": ("????-???? \\cite{}", "1966-047A \\cite{celestia}"),
+    "B-03": ("0 \\cite{}", "8 \\cite{GRASS_GIS_software}"), "C-01": ("4 oxygen", "9 oxygen"),
+    "C-02": ("x: M. B", "x: A. B"), "C-03": ("figs/lat.pdf", "figs/latency.pdf"),
+    "C-04": ("0.49\\textwidth]{figs/envelope", "0.48\\textwidth]{figs/envelope"),
+    "C-05": ("IsConnected.img", "IsConnected.image"), "C-06": ("\\or c", "\\vee c"),
+}
+SB_ANSWERS = {"D-01": "ANS 13", "D-02": "ANS 52"}
+
+
+def scienceboard_oracles(folder: str) -> dict:
+    """Oracles of ScienceBoard's TeXstudio files, by stem, computed on the texts their translation writes."""
+    import glob
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+    from coda_env.apps.texstudio import scienceboard as sb
+    out = {}
+    for f in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        stem = os.path.splitext(os.path.basename(f))[0]
+        t = sb.convert(json.load(open(f)), f)
+        texts = {op["path"]: op["content"] for op in t["initialize"] if op["func"] == "write_file"}
+        opened = [op["path"] for op in t["initialize"] if op["func"] == "open_file"]
+        shown = {n: texts[n] for n in opened}
+        if stem in SB_ANSWERS:
+            out[stem] = [SB_ANSWERS[stem]]
+        elif stem == "B-04":  # the BibTeX entry goes at the end of refs.bib (the other tab)
+            out[stem] = resolve([TAB, K("ctrl", "end"), W(SB_BIB), SAVE], shown, opened[-1]) + ["DONE"]
+        else:
+            old, new = SB_EDITS[stem]
+            out[stem] = resolve(find(old) + [W(new), SAVE], shown, opened[-1]) + ["DONE"]
+    return out
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--scienceboard":  # python make_tasks.py --scienceboard DIR
+        dest = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scienceboard_oracles.json")
+        with open(dest, "w") as f:
+            json.dump(scienceboard_oracles(sys.argv[2]), f, indent=1)
+            f.write("\n")
+        print("wrote", dest)
+        sys.exit(0)
     os.makedirs(OUT, exist_ok=True)
     for t in TASKS:
         with open(os.path.join(OUT, t["id"] + ".json"), "w") as f:

@@ -169,6 +169,9 @@ def convert(sb: dict, path: str) -> dict:
     if missing:
         requires.append("the figures " + ", ".join(missing) + " of ScienceBoard's VM image (blank placeholders "
                         "stand in for them)")
+    if any(op["func"] == "write_file" and re.search(r"\\usepackage(\[[^\]]*\])?\{(kpfonts|beramono)\}", op["content"])
+           for op in init):
+        requires.append("texlive-fonts-extra for kpfonts/beramono (CODA_TEXLIVE_FONTS_EXTRA=1 make setup)")
     if stem == "B-04":
         requires.append("a web browser with access to Google Scholar (the entry can also be typed by hand)")
     task: dict[str, Any] = {**base_task(sb, path, "texstudio"), "initialize": init, "evaluate": evaluate,
