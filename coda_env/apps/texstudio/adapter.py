@@ -5,8 +5,9 @@ the editor's text (an empty, childless node), and it saves only when told: so th
 disk are the state the checks read (as ScienceBoard's harness does), and the tree adds what the GUI shows.
 
 The profile (`--config DIR`) is written per reset: no session restore, no LanguageTool (it would start Java),
-and no typing aids (completion pop-ups, bracket closing, auto-indent) or soft line wrap, so text typed by an agent
-lands in the document as typed and a cursor key moves by one line of the file. Closing with unsaved work asks a question, so the env kills the process, never closes it.
+and no typing aids (completion pop-ups, bracket closing, auto-indent) or soft line wrap, so text typed by an
+agent lands in the document as typed and a cursor key moves by one line of the file. Closing with unsaved work
+asks a question, so the env kills the process, never closes it.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ...a11y import A11yError, Node
-
 from ...registry import AppError, LaunchContext
 
 WORKDIR = "atelier"          # the task files' folder inside home (ScienceBoard's /home/user/atelier)
@@ -135,7 +135,7 @@ class TeXstudio:
         return self._a11y
 
     def _shown(self, path: str) -> str:
-        root = getattr(self, "shown_root", None)
+        root = self.shown_root
         return os.path.join(root, os.path.relpath(path, self.home)) if root and self.home else path
 
     def _alive(self) -> None:

@@ -1,7 +1,7 @@
 """Writes tasks/*.json: this package's own TeXstudio tasks, each with an oracle solution that works through
-the GUI (cursor keys, selection, typing, shortcuts such as ctrl+b, ctrl+tab, ctrl+s, F5). Run it after editing a task here:
-`python -m coda_env.apps.texstudio.make_tasks`; `... make_tasks --scienceboard SB/tasks/VM/TeXstudio` writes
-scienceboard_oracles.json."""
+the GUI (cursor keys, selection, typing, shortcuts such as ctrl+b, ctrl+tab, ctrl+s, F5). Run it after editing
+a task here: `python -m coda_env.apps.texstudio.make_tasks`; with `--scienceboard SB/tasks/VM/TeXstudio` it
+writes scienceboard_oracles.json instead."""
 import json, os, sys
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
 
@@ -26,7 +26,12 @@ def replace_each(pairs): return [a for old, new in pairs for a in find(old) + [W
 def _goto(text, pos):
     line = text.count("\n", 0, pos)
     col = pos - (text.rfind("\n", 0, pos) + 1)
-    return [K("ctrl", "home")] + ([P("down", line)] if line else []) + ([P("right", col)] if col else [])
+    return [K("ctrl", "home")] + _keys("down", line) + _keys("right", col)
+
+
+def _keys(key, n):  # the action language allows presses=1..100 per call
+    calls = [f"pyautogui.press({key!r}, presses={min(100, n - i)})" for i in range(0, n, 100)]
+    return ["\n".join(calls)] if calls else []
 
 
 def resolve(solution, texts, current):
@@ -45,8 +50,8 @@ def resolve(solution, texts, current):
         kind, arg = a
         if kind == "FIND":
             pos = text.index(arg)
-            out += _goto(text, pos) + [f"pyautogui.keyDown('shift')\npyautogui.press('right', presses={len(arg)})"
-                                       f"\npyautogui.keyUp('shift')"]
+            out += _goto(text, pos) + ["pyautogui.keyDown('shift')\n" + _keys("right", len(arg))[0]
+                                       + "\npyautogui.keyUp('shift')"]
             sel, cursor = (pos, len(arg)), pos + len(arg)
         elif kind == "LINE":
             pos = text.rfind("\n", 0, text.index(arg)) + 1
@@ -350,10 +355,10 @@ def scienceboard_oracles(folder: str) -> dict:
         if stem in SB_ANSWERS:
             out[stem] = [SB_ANSWERS[stem]]
         elif stem == "B-04":  # the BibTeX entry goes at the end of refs.bib (the other tab)
-            out[stem] = resolve([TAB, K("ctrl", "end"), W(SB_BIB), SAVE], shown, opened[-1]) + ["DONE"]
-        else:
+            out[stem] = ["\n".join(resolve([TAB, K("ctrl", "end"), W(SB_BIB), SAVE], shown, opened[-1])), "DONE"]
+        else:  # one step of keys (some of these tasks allow only 5 steps), then DONE
             old, new = SB_EDITS[stem]
-            out[stem] = resolve(find(old) + [W(new), SAVE], shown, opened[-1]) + ["DONE"]
+            out[stem] = ["\n".join(resolve(find(old) + [W(new), SAVE], shown, opened[-1])), "DONE"]
     return out
 
 
