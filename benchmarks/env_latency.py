@@ -1,8 +1,9 @@
-"""Latency and memory of one real KAlgebra env on the local backend.
+"""Latency and memory of real envs on the local backend, one app after another.
 
-Prints reset p50/p95, step p50/p95 (a click + waiting for the screen to settle + the screenshot),
-screenshot p50 and the memory of every process the env started (RSS summed, and PSS, which counts shared
-pages once). Usage: python benchmarks/env_latency.py [--resets 20] [--steps 100] [--task calc_power]
+Prints, per env: reset p50/p95, step p50/p95 (a click + waiting for the screen to settle + the
+screenshot), screenshot p50 and the memory of every process the env started (RSS summed, and PSS, which
+counts shared pages once). Usage: python benchmarks/env_latency.py [--env ID ...] [--resets 20] [--steps 100]
+(default: every registered env that can run here; `--task` picks the reset task, else the env's first).
 """
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import time
 
 import numpy as np
 
+import gymnasium as gym
+
+import coda_env
 from coda_env.backends.local import TOKEN_VAR
-from coda_env.env import CodaEnv
+from coda_env.registry import APPS
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -46,28 +50,23 @@ def memory_mb(token: str) -> tuple[float, float, dict[str, float]]:
     return rss, pss, by
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--resets", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--task", default="calc_power")
-    args = ap.parse_args()
-
+def bench(env_id: str, resets_n: int, steps_n: int, task: str | None) -> None:
     t0 = time.monotonic()
-    env = CodaEnv(task=args.task, max_steps=10_000)
-    env.reset(seed=0)
+    env = gym.make(env_id, max_steps=10_000).unwrapped
+    task = task if task in env.tasks else next(iter(env.tasks))
+    env.reset(seed=0, options={"task": task})
     first = time.monotonic() - t0
     resets, launches = [], []
-    for i in range(args.resets):
+    for i in range(resets_n):
         t = time.monotonic()
-        env.reset(seed=i)
+        env.reset(seed=i, options={"task": task})
         resets.append(time.monotonic() - t)
         launches.append(env.timings["launch"])
 
     rng = random.Random(0)
     steps, settles = [], []
-    for _ in range(args.steps):  # clicks on the empty console output area and the input line
-        x, y = rng.randint(300, 1000), rng.choice([300, 400, 500, 751])
+    for _ in range(steps_n):  # clicks in the middle of the window (KAlgebra: the console's output area)
+        x, y = rng.randint(300, 1000), rng.randint(300, 600)
         t = time.monotonic()
         env.step(f"pyautogui.click({x}, {y})")
         steps.append(time.monotonic() - t)
@@ -82,13 +81,25 @@ def main() -> None:
     env.close()
 
     ms = 1000.0
-    print(f"KAlgebra on the local backend, {env.width}x{env.height}, {os.cpu_count()} CPUs")
-    print(f"first reset (desktop start + launch): {first:.2f} s")
-    print(f"reset   p50 {pct(resets, 50):.3f} s   p95 {pct(resets, 95):.3f} s   (launch p50 {statistics.median(launches):.3f} s, n={len(resets)})")
-    print(f"step    p50 {pct(steps, 50) * ms:.0f} ms   p95 {pct(steps, 95) * ms:.0f} ms   (settle p50 {statistics.median(settles) * ms:.0f} ms, n={len(steps)})")
-    print(f"screenshot p50 {pct(shots, 50) * ms:.2f} ms   p95 {pct(shots, 95) * ms:.2f} ms")
-    print(f"memory per env: RSS {rss:.0f} MB (sum over processes), PSS {pss:.0f} MB")
-    print("  " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])))
+    print(f"{env_id} (task {task}) on the local backend, {env.width}x{env.height}, {os.cpu_count()} CPUs")
+    print(f"  first reset (desktop start + launch): {first:.2f} s")
+    print(f"  reset   p50 {pct(resets, 50):.3f} s   p95 {pct(resets, 95):.3f} s   (launch p50 {statistics.median(launches):.3f} s, n={len(resets)})")
+    print(f"  step    p50 {pct(steps, 50) * ms:.0f} ms   p95 {pct(steps, 95) * ms:.0f} ms   (settle p50 {statistics.median(settles) * ms:.0f} ms, n={len(steps)})")
+    print(f"  screenshot p50 {pct(shots, 50) * ms:.2f} ms   p95 {pct(shots, 95) * ms:.2f} ms")
+    print(f"  memory per env: RSS {rss:.0f} MB (sum over processes), PSS {pss:.0f} MB")
+    print("    " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", nargs="*", default=None, help="env ids (default: every env that can run here)")
+    ap.add_argument("--resets", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--task", default="calc_power", help="the reset task, where the env has it")
+    args = ap.parse_args()
+    ids = args.env or [s.env_id for s in APPS.values() if s.available() is None]
+    for env_id in ids:
+        bench(env_id, args.resets, args.steps, args.task)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from coda_agent.grpo import GRPOConfig, train
+from coda_agent.train.grpo import GRPOConfig, train
 from coda_agent.models import TransformersVLM
 from coda_agent.tiny import build_tiny_qwen2_5_vl
 
@@ -39,10 +39,11 @@ def main() -> None:
         cfg = GRPOConfig(env="coda/KAlgebra-v0", tasks=a.tasks, out=str(tmp / f"run{n}"), iterations=a.iterations,
                          tasks_per_iteration=len(a.tasks), group_size=a.group_size, num_envs=n,
                          max_steps=a.max_steps, max_new_tokens=a.max_new_tokens, executor_max_new_tokens=16,
-                         lr=1e-4, lora_r=8, device=a.device, save_every=10_000, executor=str(executor_dir))
+                         lr=1e-4, lora_r=8, device=a.device, save_every=10_000, executor=str(executor_dir),
+                         resume=False)
         remote = str(executor_dir).startswith("http")
         executor = None if remote else TransformersVLM(executor_dir, device=a.device)
-        hist = train(cfg, TransformersVLM(planner_dir, device=a.device), executor, progress=False, resume=False)
+        hist = train(cfg, TransformersVLM(planner_dir, device=a.device), executor, progress=False)
         med = {k: statistics.median(h[k] for h in hist)
                for k in ("env_steps_per_s", "planner_tokens_per_s", "train_tokens_per_s", "rollout_s", "train_s")}
         print(f"{n:>4} {med['env_steps_per_s']:>12.2f} {med['planner_tokens_per_s']:>14.1f} "

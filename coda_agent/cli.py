@@ -24,8 +24,15 @@ class CommandError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (and `--help` for the rest), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=FORMAT)
+    return Parser(prog=prog, description=description, formatter_class=FORMAT)
 
 
 def _envs() -> int:

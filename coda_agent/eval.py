@@ -111,11 +111,12 @@ def summarize(records: list[dict], episodes: int = 1) -> dict:
         s = sum(r["success"] for r in rs)
         return {"n": len(rs), "success": s, "rate": round(s / len(rs), 4) if rs else 0.0}
     groups: dict[str, dict[str, list]] = {"app": defaultdict(list), "difficulty": defaultdict(list),
-                                          "category": defaultdict(list)}
+                                          "category": defaultdict(list), "origin": defaultdict(list)}
     per_task: dict[str, list[bool]] = defaultdict(list)
     for r in records:
         for g in groups:
-            groups[g][r.get(g) or "-"].append(r)
+            key = origin_group(r.get("origin")) if g == "origin" else r.get(g)
+            groups[g][key or "-"].append(r)
         per_task[r["task"]].append(r["success"])
     summary = {"overall": rate(records),
                "mean_steps": round(float(np.mean([r["steps"] for r in records])), 2) if records else 0.0,
@@ -129,12 +130,20 @@ def summarize(records: list[dict], episodes: int = 1) -> dict:
     return summary
 
 
+def origin_group(origin: str | None) -> str:
+    """Where a task came from, without the file: "scienceboard:KAlgebra/A-01" -> "scienceboard:KAlgebra"."""
+    return (origin or "coda").split("/", 1)[0]
+
+
+SECTIONS = ("by_app", "by_category", "by_difficulty", "by_origin")
+
+
 def print_table(summary: dict, out: Path | None = None) -> None:
     print(f"\n{summary['env']}  agent={summary['agent']}  wall={summary['wall_seconds']}s  "
           f"mean steps={summary['mean_steps']}  parse errors={summary['parse_errors']}")
     print(f"{'group':<24}{'episodes':>9}{'solved':>8}{'rate':>8}")
-    for section in ("by_app", "by_category", "by_difficulty"):
-        for k, v in summary[section].items():
+    for section in SECTIONS:
+        for k, v in summary.get(section, {}).items():
             print(f"{section[3:] + ':' + k:<24}{v['n']:>9}{v['success']:>8}{v['rate']:>8.0%}")
     o = summary["overall"]
     print(f"{'overall':<24}{o['n']:>9}{o['success']:>8}{o['rate']:>8.0%}")
@@ -160,12 +169,13 @@ def write_report(out: Path, summary: dict, records: list[dict]) -> None:
         name = f"{r['task']}__{r['episode']}"
         rows.append(f"<tr><td><a href='{e(name)}.html'>{e(r['task'])}</a></td><td>{r['episode']}</td>"
                     f"<td>{e(str(r.get('category')))}</td><td>{e(str(r.get('difficulty')))}</td>"
+                    f"<td>{e(str(r.get('origin') or 'coda'))}</td>"
                     f"<td class='{'ok' if r['success'] else 'bad'}'>{'pass' if r['success'] else 'fail'}</td>"
                     f"<td>{r['steps']}</td><td>{r.get('parse_errors', 0)}</td><td>{e(str(r.get('error') or ''))}</td></tr>")
         _episode_page(out, rep, r)
     groups = "".join(f"<tr><td>{e(sec[3:])}: {e(k)}</td><td>{v['n']}</td><td>{v['success']}</td>"
-                     f"<td>{v['rate']:.0%}</td></tr>" for sec in ("by_app", "by_category", "by_difficulty")
-                     for k, v in summary[sec].items())
+                     f"<td>{v['rate']:.0%}</td></tr>" for sec in SECTIONS
+                     for k, v in summary.get(sec, {}).items())
     o = summary["overall"]
     passk = "".join(f"<li>pass@{k}: {v:.1%}</li>" for k, v in (summary.get("pass_at_k") or {}).items())
     (rep / "index.html").write_text(
@@ -174,7 +184,8 @@ def write_report(out: Path, summary: dict, records: list[dict]) -> None:
         f"({o['rate']:.1%}), mean steps {summary['mean_steps']}, parse errors {summary['parse_errors']}, "
         f"wall {summary['wall_seconds']} s</p><ul>{passk}</ul><table><tr><th>group</th><th>episodes</th>"
         f"<th>solved</th><th>rate</th></tr>{groups}</table><h2>Episodes</h2><table><tr><th>task</th><th>ep</th>"
-        f"<th>category</th><th>difficulty</th><th>result</th><th>steps</th><th>parse errors</th><th>error</th>"
+        f"<th>category</th><th>difficulty</th><th>origin</th><th>result</th><th>steps</th><th>parse errors</th>"
+        f"<th>error</th>"
         f"</tr>{''.join(rows)}</table>")
 
 
@@ -214,7 +225,7 @@ def compare(a: Path, b: Path) -> str:
     def row(label, x, y):
         lines.append(f"{label:<26}{x:>8.1%}{y:>8.1%}{y - x:>+8.1%}")
     row("overall", ra["overall"]["rate"], rb["overall"]["rate"])
-    for sec in ("by_app", "by_category", "by_difficulty"):
+    for sec in SECTIONS:
         for k in sorted(set(ra.get(sec, {})) | set(rb.get(sec, {}))):
             row(f"{sec[3:]}:{k}", ra.get(sec, {}).get(k, {}).get("rate", 0.0), rb.get(sec, {}).get(k, {}).get("rate", 0.0))
     ta, tb = ra.get("per_task", {}), rb.get("per_task", {})

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import prompts
 from .models import Conversation, SamplingParams, VLM, model_image_size
+from .rollout import Sample
 from .uitars import UITarsParseError, parse_uitars, to_env_action
 
 
@@ -23,6 +24,7 @@ class ExecResult:
     action: str | None                          # the env action, or None when every try failed to parse
     calls: list[dict] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
+    sample: Sample | None = None                # the last try (the one that counts), when the model gives ids
 
 
 def uitars_action(text: str, image_size: tuple[int, int], screen: tuple[int, int],
@@ -60,6 +62,8 @@ class Executor:
                 call = {"model": "executor", "attempt": attempt + 1, "prefix": convs[i][-1]["content"],
                         "output": g.text, "seconds": round(g.seconds, 3)}
                 results[i].calls.append(call)
+                if g.token_ids:
+                    results[i].sample = Sample("executor", convs[i], list(g.token_ids), g.logprobs)
                 try:
                     results[i].action = uitars_action(g.text, image_size, self.screen, self.coords)
                 except UITarsParseError as e:

@@ -4,9 +4,10 @@ Every agent has the same two calls:
     reset(slot, task)            a new episode starts in env `slot` of the vector env
     act([(slot, obs), ...])      -> one AgentStep per entry: the env action and a record of how it was made
 Each AgentStep carries every model input (images as placeholders) and output, and its parse errors, so a
-trajectory file shows exactly what each model was asked and said. Agents: `coda` (planner + executor), the
-baselines `uitars` (UI-TARS alone), `planner-only` (the planner writes pyautogui code, as ScienceBoard's
-agents do), `oracle` (replays the task's solution), `random`, and `done` (answers DONE at once).
+trajectory file shows exactly what each model was asked and said, and a `Sample` (rollout.py) of each model
+call whose answer was used and whose model gave token ids: what trainers learn from. Agents: `coda` (planner
++ executor), the baselines `uitars` (UI-TARS alone), `planner-only` (the planner writes pyautogui code, as
+ScienceBoard's agents do), `oracle` (replays the task's solution), `random`, and `done` (answers DONE at once).
 """
 from __future__ import annotations
 
@@ -23,15 +24,8 @@ from . import prompts
 from .executor import Executor, uitars_action
 from .models import Conversation, SamplingParams, VLM, model_image_size
 from .planner import Plan, PlanParseError, Planner, Turn
+from .rollout import Sample
 from .uitars import UITarsParseError, parse_uitars
-
-
-@dataclass
-class PlannerSample:
-    """What the trainer needs of one planner call: the prompt, the sampled tokens and their log-probs."""
-    conversation: Conversation
-    token_ids: list[int]
-    logprobs: list[float] | None
 
 
 @dataclass
@@ -41,7 +35,7 @@ class AgentStep:
     plan: str = ""                                # the planner's step in words (coda) or the raw action
     calls: list[dict] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
-    sample: PlannerSample | None = None           # the planner's call, when its model gives token ids
+    samples: list[Sample] = field(default_factory=list)   # the used model calls that gave token ids
 
 
 class Agent(Protocol):
@@ -92,7 +86,7 @@ class _PlannerAgent:
             step = AgentStep("WAIT", calls=[{"model": "planner", "input": conversation_record(conv),
                                             "output": gen.text, "seconds": round(gen.seconds, 3)}])
             if gen.token_ids:
-                step.sample = PlannerSample(conv, list(gen.token_ids), gen.logprobs)
+                step.samples.append(Sample("planner", conv, list(gen.token_ids), gen.logprobs))
             if isinstance(plan, PlanParseError):
                 step.parse_errors.append(f"planner: {plan}")
                 plan = None
@@ -133,6 +127,8 @@ class CodaAgent(_PlannerAgent):
             for (k, _), res in zip(todo, results):
                 steps[k].calls += res.calls
                 steps[k].parse_errors += res.parse_errors
+                if res.sample is not None:
+                    steps[k].samples.append(res.sample)
                 if res.action is not None:
                     steps[k].action = res.action
         self._remember(batch, steps)
@@ -170,6 +166,7 @@ class UITarsAgent:
         convs = [self.conversation(s, obs["screenshot"]) for s, obs in batch]
         steps = [AgentStep("WAIT") for _ in batch]
         answers = [""] * len(batch)
+        samples: list[Sample | None] = [None] * len(batch)      # each entry's last try: the one that counts
         todo = list(range(len(batch)))
         for attempt in range(self.tries):
             if not todo:
@@ -179,6 +176,8 @@ class UITarsAgent:
             for k, g in zip(todo, gens):
                 steps[k].calls.append({"model": "uitars", "attempt": attempt + 1, "input": conversation_record(
                     convs[k]) if attempt == 0 else "(same)", "output": g.text, "seconds": round(g.seconds, 3)})
+                if g.token_ids:
+                    samples[k] = Sample("policy", convs[k], list(g.token_ids), g.logprobs)
                 try:
                     thought, _ = parse_uitars(g.text)
                     steps[k].action = uitars_action(g.text, image_size, self.screen, self.coords)
@@ -187,6 +186,9 @@ class UITarsAgent:
                     steps[k].parse_errors.append(f"uitars try {attempt + 1}: {e}")
                     failed.append(k)
             todo = failed
+        for step, sample in zip(steps, samples):
+            if sample is not None:
+                step.samples.append(sample)
         for k, (slot, obs) in enumerate(batch):
             self.history[slot].append((obs["screenshot"], answers[k] or "Thought: \nAction: wait()"))
         return steps

@@ -1,25 +1,44 @@
-"""Episodes of an agent over a gymnasium vector env: the one loop that `coda eval` and the GRPO trainer share.
+"""Episodes of an agent over a gymnasium vector env: the one loop that `coda eval` and the trainers share.
 
 `run_episodes` feeds a queue of (task, episode) pairs through the N envs of a vector env in NEXT_STEP autoreset
 mode: each env tells its next task through `CodaEnv.next_task`, the agent acts on every active env in one
 batched call, and callbacks see each episode start, each step and each end as it happens (eval writes files
-from them; the trainer keeps records in memory). `collect_groups` is the trainer's use of it: G episodes of
-every task, each planner step's prompt, sampled token ids and rollout log-probs kept with the final reward.
+from them; the trainer keeps records in memory). `collect_groups` is the trainers' use of it: G episodes of
+every task, and every model call that gave token ids kept as a `Sample` tagged with the role of the model
+that made it, a group key and the episode's reward, so that a training method picks the samples it learns
+from by role and compares them within groups by key (GRPO: the episodes of one task in one batch).
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import gymnasium as gym
 import numpy as np
 
 from coda_env.runs import TrajectoryWriter, append_jsonl, py
 
-from .policy import Agent, AgentStep, PlannerSample
+if TYPE_CHECKING:                       # policy.py imports Sample from here
+    from .models import Conversation
+    from .policy import Agent, AgentStep
+
+Role = Literal["planner", "executor", "policy"]
+
+
+@dataclass
+class Sample:
+    """One model call as a trainer needs it: the prompt, the sampled tokens and their behaviour log-probs
+    (None when the model did not return them; trainers recompute them), tagged with the role of the model
+    that made the call (CODA's `planner` and `executor`, or an end-to-end `policy` such as UI-TARS), the
+    group it is compared within and the reward of its episode (both filled by `collect_groups`)."""
+    role: Role
+    conversation: Conversation
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    group: str = ""
+    reward: float = 0.0
 
 
 def unbatch_info(infos: dict, i: int) -> dict:
@@ -48,7 +67,7 @@ def make_vector_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.Vect
 
 
 OnStart = Callable[[int, Any, int, np.ndarray], None]                     # slot, task, episode, first screenshot
-OnStep = Callable[[int, AgentStep, np.ndarray, float, dict, float], None]  # slot, step, screenshot, reward, info, agent s
+OnStep = Callable[[int, "AgentStep", np.ndarray, float, dict, float], None]  # slot, step, screen, reward, info, agent s
 OnEnd = Callable[[int, float, dict], None]                               # slot, final reward, final info
 
 
@@ -102,24 +121,32 @@ def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: S
 
 @dataclass
 class Rollout:
-    """One episode as the trainer sees it: the planner's samples and the episode's reward."""
+    """One episode as a trainer sees it: its samples (every role) and its reward."""
     task: str
     app: str
-    group: int                                    # index of the task's group in this batch
-    samples: list[PlannerSample] = field(default_factory=list)
+    group: str                                    # the group key its samples carry
+    samples: list[Sample] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)   # JSON-safe step records (thought, action, errors)
     reward: float = 0.0
     success: bool = False
     info: dict = field(default_factory=dict)
 
 
+def task_group_key(task_id: str, index: int) -> str:
+    """GRPO's group key: the task and its group's index in the batch (a task listed twice is two groups)."""
+    return f"{task_id}#{index}"
+
+
 def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_ids: Sequence[str],
-                   group_size: int, seed: int | None = None, out: Path | None = None) -> list[Rollout]:
-    """G = `group_size` episodes of every task in `task_ids`, batched over the envs; rollouts in queue order
-    (task-major), so rollouts[g * G:(g + 1) * G] is task g's group. With `out`, the episodes are also written
-    as `coda eval` trajectories (out/trajectories, out/episodes.jsonl), which stage-2 SFT reads."""
-    queue = [(t, e) for t in task_ids for e in range(group_size)]
-    rollouts = [Rollout(t, tasks[t].app, g) for g, t in enumerate(task_ids) for _ in range(group_size)]
+                   group_size: int, seed: int | None = None, out: Path | None = None,
+                   group_key: Callable[[str, int], str] = task_group_key) -> list[Rollout]:
+    """G = `group_size` episodes of every task in `task_ids`, batched over the envs; rollouts in queue order.
+    Each episode's samples carry `group_key(task id, index of the task in task_ids)` and, once it ends, its
+    reward. With `out`, the episodes are also written as `coda eval` trajectories (out/trajectories,
+    out/episodes.jsonl), which stage-2 SFT reads."""
+    # episode numbers go on across repeats of a task, so that (task, episode) names one episode (and its folder)
+    queue = [(t, task_ids[:g].count(t) * group_size + e) for g, t in enumerate(task_ids) for e in range(group_size)]
+    rollouts = [Rollout(t, tasks[t].app, group_key(t, g)) for g, t in enumerate(task_ids) for _ in range(group_size)]
     index = {q: k for k, q in enumerate(queue)}
     current: dict[int, Rollout] = {}
     writers: dict[int, TrajectoryWriter] = {}
@@ -133,8 +160,9 @@ def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_i
 
     def on_step(slot, step, shot, reward, info, agent_s):
         r = current[slot]
-        if step.sample is not None:
-            r.samples.append(step.sample)
+        for sample in step.samples:
+            sample.group = r.group
+            r.samples.append(sample)
         r.steps.append({"thought": step.thought, "plan": step.plan, "action": step.action,
                         "parse_errors": step.parse_errors, "action_error": info.get("action_error")})
         if slot in writers:
@@ -143,6 +171,8 @@ def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_i
     def on_end(slot, reward, info):
         r = current.pop(slot)
         r.reward, r.success, r.info = reward, bool(info.get("success")), info
+        for sample in r.samples:
+            sample.reward = reward
         if slot in writers:
             append_jsonl(out / "episodes.jsonl", writers.pop(slot).finish(reward, info))
 

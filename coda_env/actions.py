@@ -65,7 +65,7 @@ KEY_NAMES: tuple[str, ...] = (
     "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m",
     "n", "o", "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z",
     "{", "|", "}", "~",
-    "accept", "add", "alt", "altleft", "altright", "apps", "backspace",
+    "add", "alt", "altleft", "altright", "apps", "backspace",
     "browserback", "browserfavorites", "browserforward", "browserhome",
     "browserrefresh", "browsersearch", "browserstop", "capslock", "clear",
     "convert", "ctrl", "ctrlleft", "ctrlright", "decimal", "delete",
@@ -73,7 +73,7 @@ KEY_NAMES: tuple[str, ...] = (
     "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9", "f10", "f11", "f12",
     "f13", "f14", "f15", "f16", "f17", "f18", "f19", "f20", "f21", "f22",
     "f23", "f24",
-    "final", "fn", "hanguel", "hangul", "hanja", "help", "home", "insert",
+    "fn", "hanguel", "hangul", "hanja", "help", "home", "insert",
     "junja", "kana", "kanji", "launchapp1", "launchapp2", "launchmail",
     "launchmediaselect", "left", "modechange", "multiply", "nexttrack",
     "nonconvert", "num0", "num1", "num2", "num3", "num4", "num5", "num6",
@@ -92,6 +92,9 @@ KEY_ALIASES: Mapping[str, str] = {
 }
 
 _KEY_SET = frozenset(KEY_NAMES)
+
+# pyautogui key names with no X keysym at all (Windows IME keys): refused by name, so an agent learns why
+NO_X_KEYSYM: Mapping[str, str] = {"accept": "the Windows IME 'accept' key", "final": "the Windows IME 'final' key"}
 
 BUTTONS: Mapping[str, str] = {
     "left": "left", "middle": "middle", "right": "right",
@@ -411,6 +414,8 @@ def _key(fn: str, value: Any) -> str:
         raise ActionError(f"{fn}: a key name must be a string, got {type(value).__name__} {value!r:.40}")
     name = KEY_ALIASES.get(value, value.lower())
     name = KEY_ALIASES.get(name, name)
+    if name in NO_X_KEYSYM:
+        raise ActionError(f"{fn}: key {name!r} ({NO_X_KEYSYM[name]}) does not exist on an X keyboard")
     if name not in _KEY_SET:
         hint = difflib.get_close_matches(name, KEY_NAMES, n=1)
         suffix = f" (did you mean {hint[0]!r}?)" if hint else ""

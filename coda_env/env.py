@@ -4,7 +4,7 @@ Observation: {"screenshot": (H, W, 3) uint8, "instruction": text[, "a11y_tree": 
 Action: a pyautogui code string (or `DONE`/`FAIL`/`WAIT`/`ANS <text>`), parsed and whitelisted by
 `coda_env.actions`; or, with action_mode="structured", the array form of `actions.structured_space`.
 Reward: 0 until the episode ends; then the task's checks give 1.0 or 0.0, or any scorer (`coda_env.scoring`,
-e.g. the VLM judge of `coda_agent.judge`) given as `reward=` scores the episode. The checks always run:
+e.g. the VLM judge of the agent package, `Judge`) given as `reward=` scores the episode. The checks always run:
 info["success"]/["checks"] are theirs, info["judge"] the scorer's details. A scorer that fails gives reward
 0.0 and info["error"] naming it.
 
@@ -47,11 +47,11 @@ class Text(spaces.Text):
         return f"Text({self.min_length}, {self.max_length}, charset=<{len(self.character_set)} characters>)"
 
 
-def _temp_folder(prefix: str) -> str:
+def _temp_folder(prefix: str, parent: str | None = None) -> str:
     try:
-        return tempfile.mkdtemp(prefix=prefix)
+        return tempfile.mkdtemp(prefix=prefix, dir=parent)
     except OSError as e:
-        where = tempfile.gettempdir()
+        where = parent or tempfile.gettempdir()
         hint = ("the disk is full: free space or " if e.errno == errno.ENOSPC else "")
         raise OSError(e.errno, f"cannot create a folder for the app in {where} ({e.strerror}): {hint}set TMPDIR "
                                f"to a writable folder with free space") from None
@@ -62,7 +62,7 @@ class CodaEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, app: str = "kalgebra", backend: str = "local", task: str | None = None,
+    def __init__(self, app: str, backend: str = "local", task: str | None = None,
                  tasks: Sequence[str] | None = None, task_dirs: Sequence[str] | None = None,
                  screen: tuple[int, int] = (1280, 800), reward: str | Scorer = "check",
                  action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
@@ -70,11 +70,12 @@ class CodaEnv(gym.Env):
                  ready_timeout: float | None = None, info_timings: bool = False,
                  backend_options: dict | None = None, judge: Any = None):
         if judge is not None:
-            raise ValueError("judge= is gone: pass the scorer itself, e.g. reward=coda_agent.judge.Judge({...})")
+            raise ValueError("judge= is gone: pass the scorer itself, e.g. reward=Judge({...}) (the agent "
+                             "package's VLM judge)")
         if isinstance(reward, str):
             if reward != "check":
                 raise ValueError(f"reward must be 'check' or a scorer object (coda_env.scoring.Scorer), got "
-                                 f"{reward!r}; for the VLM judge: reward=coda_agent.judge.Judge({{'models': [...]}})")
+                                 f"{reward!r}; for the VLM judge: reward=Judge({{'models': [...]}}) (the agent package's judge)")
             self.scorer: Scorer | None = None
         elif isinstance(reward, Scorer):
             self.scorer = reward          # public: a trainer may swap in another scorer between episodes
@@ -233,7 +234,8 @@ class CodaEnv(gym.Env):
         timings["desktop"] = time.monotonic() - t0
         t1 = time.monotonic()
         if not reverted:
-            self._home = _temp_folder(f"coda-{self.app_name}-")
+            # inside the desktop's own folder where it has one (local): removed with it however we end
+            self._home = _temp_folder(f"coda-{self.app_name}-", getattr(self.desktop, "tmpdir", None))
             files_ops = [op for op in self.task.initialize if SETUP_OPS[op["func"]].phase == "files"]
             open_files: list[str] = []
             for op in files_ops:

@@ -103,7 +103,8 @@ def import_folder(src: Path, out: Path, grassdata: str | None = None) -> dict:
     report: dict[str, Any] = {"source": str(src), "files": [], "by_app": {}}
     for f in files:
         rel = str(f.relative_to(src))
-        app = f.parent.name
+        app = next((n for n, spec in APPS.items() if f.parent.name in spec.scienceboard_names),
+                   f.parent.name.lower())
         try:
             task = convert_file(f, grassdata)
         except TaskError as e:

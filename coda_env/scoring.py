@@ -1,7 +1,7 @@
 """The scorer protocol behind `gym.make(id, reward=...)`: an episode in, a reward and details out.
 
 The default reward is the task's checks (1.0 when all pass). Any object with this protocol can replace it:
-the VLM judge of `coda_agent.judge` is one, and a user's own reward model is another. `coda_env` only
+the VLM judge of the agent package (`Judge`) is one, and a user's own reward model is another. `coda_env` only
 defines the protocol; it imports no scorer implementation.
 """
 from __future__ import annotations

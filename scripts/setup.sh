@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # libvirt-dev + pkg-config build libvirt-python (the [vm] extra); qemu-utils gives qemu-img for VM images.
-APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra libgl1-mesa-dri libvirt-dev pkg-config qemu-utils)
+APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra grass libgl1-mesa-dri libvirt-dev pkg-config qemu-utils libosmesa6)
 # TeXstudio (coda/TeXstudio-v0): the editor, pdflatex + bibtex, pdftotext for the compile check's text, and the
 # LaTeX packages ScienceBoard's documents use (listings, xcolor, lipsum, enumitem, bussproofs, ...).
 APT_PACKAGES+=(texstudio texlive-latex-base texlive-latex-recommended texlive-latex-extra texlive-science poppler-utils)

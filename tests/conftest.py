@@ -76,3 +76,14 @@ def kalgebra_env():
     env = CodaEnv(app="kalgebra")
     yield env
     env.close()
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_x(request, monkeypatch):
+    """A test of the fast tier that tried to start a real desktop would fail here, not pass slowly."""
+    if request.node.get_closest_marker("fast") is not None:
+        from coda_env.backends.local import LocalDesktop
+
+        def refuse(self):
+            raise AssertionError("a `fast` test must not start Xvfb: use backend='fake'")
+        monkeypatch.setattr(LocalDesktop, "start", refuse)

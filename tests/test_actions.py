@@ -23,6 +23,8 @@ from coda_env.actions import (
     structured_space,
 )
 
+pytestmark = pytest.mark.fast  # pure logic: no X server
+
 A = Action
 
 # ---------------------------------------------------------------------------
@@ -648,3 +650,9 @@ def test_from_structured_rejects(sample: object, expected: str) -> None:
     with pytest.raises(ActionError) as info:
         from_structured(sample)
     assert expected in str(info.value), str(info.value)
+
+
+def test_keys_without_an_x_keysym_are_refused_by_name():
+    for key in ("accept", "final"):
+        with pytest.raises(ActionError, match=f"key '{key}' .*does not exist on an X keyboard"):
+            parse_action(f"pyautogui.press('{key}')")

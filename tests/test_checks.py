@@ -8,6 +8,8 @@ import pytest
 from coda_env.apps.kalgebra.checks import MathExpr
 from coda_env.checks import CheckError, run_checks, validate_check
 
+pytestmark = pytest.mark.fast  # pure logic: no X server
+
 STATE = {"tab": "2D Graph", "variables": {"a": "81", "b": "0.333333333333", "s": "x->x^2"},
          "functions_2d": [{"name": "f1", "expression": "x->sin(x)"}, {"name": "f2", "expression": "x^2+y^2=4"}],
          "function_3d": "(x,y)->x*y", "console_input": "", "dictionary_query": None}

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -64,7 +65,7 @@ def test_observation_and_info(kalgebra_env):
 
 
 def test_render_rgb_array():
-    env = CodaEnv(task="calc_power", render_mode="rgb_array")
+    env = CodaEnv("kalgebra", task="calc_power", render_mode="rgb_array")
     try:
         obs, _ = env.reset(seed=0)
         frame = env.render()
@@ -74,7 +75,7 @@ def test_render_rgb_array():
 
 
 def test_a11y_tree_observation():
-    env = CodaEnv(task="calc_power", a11y_tree=True)
+    env = CodaEnv("kalgebra", task="calc_power", a11y_tree=True)
     try:
         obs, _ = env.reset(seed=0)
         assert "Variables" in obs["a11y_tree"] and "Calculator" in obs["a11y_tree"]
@@ -84,7 +85,7 @@ def test_a11y_tree_observation():
 
 def test_check_env_passes():
     from gymnasium.utils.env_checker import check_env
-    env = CodaEnv(task="calc_power", info_timings=False)
+    env = CodaEnv("kalgebra", task="calc_power", info_timings=False)
     try:
         check_env(env, skip_render_check=True)
     finally:
@@ -151,7 +152,7 @@ def test_killing_xvfb_truncates_and_reset_recovers(kalgebra_env):
 
 
 def test_no_orphans_after_close():
-    env = CodaEnv(task="calc_power")
+    env = CodaEnv("kalgebra", task="calc_power")
     env.reset(seed=0)
     token = env.desktop.token
     names = {open(f"/proc/{p}/comm").read().strip() for p in live_token_pids(token)}
@@ -162,7 +163,7 @@ def test_no_orphans_after_close():
 
 def test_no_orphans_after_gc():
     import gc
-    env = CodaEnv(task="calc_power")
+    env = CodaEnv("kalgebra", task="calc_power")
     env.reset(seed=0)
     token = env.desktop.token
     assert live_token_pids(token)
@@ -174,7 +175,7 @@ def test_no_orphans_after_gc():
 HOLDER = """
 import json, sys, time
 from coda_env.env import CodaEnv
-envs = [CodaEnv(task="calc_power") for _ in range(2)]
+envs = [CodaEnv("kalgebra", task="calc_power") for _ in range(2)]
 for e in envs:
     e.reset(seed=0)
 print(json.dumps([e.desktop.token for e in envs]), flush=True)
@@ -198,7 +199,7 @@ def test_no_orphans_after_parent_sigkill():
 
 
 def test_two_envs_in_one_process_are_isolated():
-    a, b = CodaEnv(task="calc_power"), CodaEnv(task="calc_power")
+    a, b = CodaEnv("kalgebra", task="calc_power"), CodaEnv("kalgebra", task="calc_power")
     try:
         a.reset(seed=0)
         b.reset(seed=0)
@@ -326,3 +327,27 @@ def test_a11y_script_takes_the_bus_from_its_environment(kalgebra_env):
     p = subprocess.run([sys.executable, a11y.__file__, "apps", "-"], env=desktop.env, capture_output=True,
                        timeout=60)
     assert p.returncode == 0 and "kalgebra" in p.stdout.decode().split("\n"), p.stderr
+
+
+def test_a_users_task_folder_runs_like_a_shipped_task(tmp_path, monkeypatch, capsys):
+    """A task of the user's own, in CODA_TASKS_PATH or --tasks-dir: listed, and its oracle scores 1.0."""
+    from coda_agent.cli import main
+    mine = {**json.loads(Path(load_tasks("kalgebra")["calc_power"].path).read_text()), "id": "my_power_of_two",
+            "instruction": "Store 2^10 in a variable named b.", "evaluate": [{"type": "val", "name": "b", "value": 1024}],
+            "solution": ["pyautogui.click(500, 751)", "pyautogui.write('b:=2^10')", "pyautogui.press('enter')", "DONE"]}
+    (tmp_path / "kalgebra").mkdir()
+    (tmp_path / "kalgebra" / "my_power_of_two.json").write_text(json.dumps(mine))
+    monkeypatch.setenv("CODA_TASKS_PATH", str(tmp_path))
+    assert main(["tasks", "kalgebra"]) == 0
+    assert "my_power_of_two" in capsys.readouterr().out
+    env = gym.make("coda/KAlgebra-v0", task="my_power_of_two")
+    try:
+        rewards, term, _, info = run_solution(env, "my_power_of_two")
+        assert term and rewards[-1] == 1.0, info
+    finally:
+        env.close()
+    monkeypatch.delenv("CODA_TASKS_PATH")
+    out = tmp_path / "run"
+    assert main(["eval", "--agent", "oracle", "--tasks-dir", str(tmp_path), "--tasks", "my_power_of_two",
+                 "--out", str(out), "--quiet"]) == 0
+    assert json.loads((out / "results.json").read_text())["summary"]["overall"]["rate"] == 1.0

@@ -103,6 +103,15 @@ def test_summary_and_unbatch():
     assert unbatch_info(infos, 1) == {"task": "b", "error": "boom", "timings": {"step": 0.2}}
 
 
+def test_summary_groups_by_origin():
+    recs = [{"task": t, "app": "kalgebra", "difficulty": "easy", "category": "c", "success": ok, "steps": 2,
+             "origin": o} for t, ok, o in (("a", True, "coda"), ("sb_A-02", True, "scienceboard:KAlgebra/A-02"),
+                                           ("sb_C-01", False, "scienceboard:KAlgebra/C-01"), ("old", True, None))]
+    s = summarize(recs)
+    assert s["by_origin"] == {"coda": {"n": 2, "success": 2, "rate": 1.0},
+                              "scienceboard:KAlgebra": {"n": 2, "success": 1, "rate": 0.5}}
+
+
 def test_cli_errors_are_clear(capsys):
     assert main(["eval", "--agent", "coda", "--out", "/tmp/unused-coda-run"]) == 2
     assert "needs --planner" in capsys.readouterr().err

@@ -302,14 +302,14 @@ def test_env_reward_argument_errors():
     from coda_env.env import CodaEnv
     from coda_env.scoring import Scorer
     with pytest.raises(ValueError, match="reward must be 'check' or a scorer"):
-        CodaEnv(reward="vlm")
-    with pytest.raises(ValueError, match="reward=coda_agent.judge.Judge"):
-        CodaEnv(reward="judge")
+        CodaEnv("kalgebra", reward="vlm")
+    with pytest.raises(ValueError, match=r"reward=Judge\("):
+        CodaEnv("kalgebra", reward="judge")
     with pytest.raises(ValueError, match="judge= is gone"):
-        CodaEnv(judge={"models": ["http://x"]})
+        CodaEnv("kalgebra", judge={"models": ["http://x"]})
     with pytest.raises(TypeError, match="scorer"):
-        CodaEnv(reward=object())
-    assert CodaEnv().scorer is None
+        CodaEnv("kalgebra", reward=object())
+    assert CodaEnv("kalgebra").scorer is None
     assert isinstance(Judge({"models": ["http://x"]}), Scorer)     # the judge follows coda_env's protocol
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from coda_env.tasks import TaskError, load_task_file, load_tasks
 
+pytestmark = pytest.mark.fast  # pure logic: no X server
+
 GOOD = {"id": "t", "app": "kalgebra", "instruction": "Do it.", "steps": 3,
         "evaluate": [{"type": "var", "name": "a", "value": "1"}], "solution": ["DONE"]}
 

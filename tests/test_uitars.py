@@ -15,6 +15,8 @@ from coda_agent.models import smart_resize
 from coda_agent.uitars import UITarsParseError, parse_uitars, uitars_to_env
 from coda_env.actions import parse_action
 
+pytestmark = pytest.mark.fast  # pure logic: no X server
+
 SCREEN = (1280, 800)
 IMAGE = (1288, 812)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,13 +66,24 @@ class Desktop(Protocol):
     def kill_group(self, proc: subprocess.Popen) -> None:
         """Kill a spawned program and everything it started."""
     def release_all(self) -> None:
-        """Release every key and mouse button an action left pressed (episode end, reset, a failed action)."""
+        """Release every key and mouse button an action left pressed (episode end, reset, a failed action);
+        a backend that can also switches keyboard locks off, so that no episode inherits another's input."""
     def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
         """GET http://127.0.0.1:port/path as seen from the desktop (this machine, or inside the VM guest)."""
 
 
 SNAPSHOTS = "snapshots"
 A11Y = "a11y"
+
+
+def make_temp_dir(prefix: str, parent: str | None = None, what: str = "a temporary folder") -> str:
+    """tempfile.mkdtemp, with an error that names the folder and the fix instead of a bare OSError."""
+    try:
+        return tempfile.mkdtemp(prefix=prefix, dir=parent)
+    except OSError as e:
+        where = parent or tempfile.gettempdir()
+        raise DesktopError(f"cannot create {what} in {where} ({e.strerror or e}): set TMPDIR to a writable "
+                           f"folder with free space") from None
 
 
 def backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:

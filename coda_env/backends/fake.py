@@ -48,9 +48,11 @@ class FakeDesktop:
     capabilities = frozenset()
     app_timeout = 5.0
 
-    def __init__(self, width: int = 1280, height: int = 800, fail_start: bool = False):
+    def __init__(self, width: int = 1280, height: int = 800, fail_start: bool = False,
+                 refuse_keys: Sequence[str] = ()):
         self.width, self.height = width, height
         self.fail_start = fail_start
+        self.refuse_keys = frozenset(refuse_keys)     # keys this 'keyboard' lacks: input raises ValueError
         self.started = False
         self.procs: list[FakeProcess] = []
         self.pressed: set[str] = set()
@@ -103,6 +105,9 @@ class FakeDesktop:
     # input
     def input(self, action: Action) -> None:
         self._check()
+        missing = self.refuse_keys.intersection(action.keys)
+        if missing:
+            raise ValueError(f"key {sorted(missing)[0]!r} is not on the fake keyboard")
         self.inputs.append(action)
         if not self.running():
             return

@@ -5,38 +5,49 @@ One `LocalDesktop` is one Xvfb (display number picked by Xvfb itself through `-d
 bound to that display only, and MIT-SHM screenshots into numpy (through `mss`).
 
 No orphans: every process carries a per-desktop token in its environment and lives in a process group we
-own; `stop()`, garbage collection, and a watchdog process (which notices when its parent dies, however it
-dies, because its stdin pipe closes) all kill by group and then sweep /proc for the token.
+own; `stop()`, garbage collection, interpreter exit, and a watchdog process (which notices when its parent
+dies, however it dies, because its stdin pipe closes) all kill by group, sweep /proc for the token, and
+remove the desktop's temporary folder (the env makes the app homes inside it).
+
+Faults are reported, never hung on: every X call runs under a deadline (a frozen X server cuts the
+connection and raises DesktopError), `alive()` checks every part the desktop started, and the input it
+holds down (keys, buttons) is tracked so that `release_all()` leaves the next episode a clean keyboard.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from ..actions import Action
-from .base import DesktopError, Window
+from ..actions import Action, ActionError
+from .base import DesktopError, Window, make_temp_dir
 
 if TYPE_CHECKING:
     from ..a11y import A11yClient
 
 TOKEN_VAR = "CODA_DESKTOP_TOKEN"
 
-# pyautogui key name -> X keysym name (single printable characters map through their code point).
-_KEYSYMS = {
+# pyautogui key name -> X keysym (X11's keysymdef.h names; single printable characters map through their code
+# point). Keys of other platforms follow the X keysyms that Chromium's key tables pair them with. Names whose
+# key X has no keysym for at all are in NO_KEYSYM: pressing one is an ActionError, never a crash.
+_KEYSYM_NAMES = {
     "enter": "Return", "tab": "Tab", "esc": "Escape", "backspace": "BackSpace", "delete": "Delete",
     "space": "space", "up": "Up", "down": "Down", "left": "Left", "right": "Right", "home": "Home",
     "end": "End", "pageup": "Prior", "pagedown": "Next", "insert": "Insert", "ctrl": "Control_L",
@@ -48,27 +59,62 @@ _KEYSYMS = {
     "prtscr": "Print", "prntscrn": "Print", "print": "Print", "pause": "Pause", "apps": "Menu",
     "menu": "Menu", "clear": "Clear", "help": "Help", "select": "Select", "execute": "Execute",
     "add": "KP_Add", "subtract": "KP_Subtract", "multiply": "KP_Multiply", "divide": "KP_Divide",
-    "decimal": "KP_Decimal", "separator": "KP_Separator", "volumeup": "XF86AudioRaiseVolume",
-    "volumedown": "XF86AudioLowerVolume", "volumemute": "XF86AudioMute", "playpause": "XF86AudioPlay",
-    "nexttrack": "XF86AudioNext", "prevtrack": "XF86AudioPrev", "stop": "XF86AudioStop",
-    "browserback": "XF86Back", "browserforward": "XF86Forward", "browserrefresh": "XF86Refresh",
-    "browserhome": "XF86HomePage", "browsersearch": "XF86Search", "launchmail": "XF86Mail",
-    "fn": "XF86WakeUp",
+    "decimal": "KP_Decimal", "separator": "KP_Separator", "yen": "yen",
+    "convert": "Henkan_Mode", "nonconvert": "Muhenkan", "kana": "Hiragana_Katakana", "kanji": "Kanji",
+    "hangul": "Hangul", "hanguel": "Hangul", "hanja": "Hangul_Hanja", "junja": "Hangul_Jeonja",
+    "modechange": "Mode_switch",
+    "volumeup": "XF86_AudioRaiseVolume", "volumedown": "XF86_AudioLowerVolume", "volumemute": "XF86_AudioMute",
+    "playpause": "XF86_AudioPlay", "nexttrack": "XF86_AudioNext", "prevtrack": "XF86_AudioPrev",
+    "stop": "XF86_AudioStop", "browserback": "XF86_Back", "browserforward": "XF86_Forward",
+    "browserrefresh": "XF86_Refresh", "browserhome": "XF86_HomePage", "browsersearch": "XF86_Search",
+    "browserstop": "XF86_Stop", "browserfavorites": "XF86_Favorites", "launchmail": "XF86_Mail",
+    "launchmediaselect": "XF86_AudioMedia", "launchapp1": "XF86_MyComputer", "launchapp2": "XF86_Calculator",
+    "sleep": "XF86_Sleep", "fn": "XF86_WakeUp",
 }
-_KEYSYMS.update({f"f{i}": f"F{i}" for i in range(1, 25)})
-_KEYSYMS.update({f"num{i}": f"KP_{i}" for i in range(10)})
+_KEYSYM_NAMES.update({f"f{i}": f"F{i}" for i in range(1, 25)})
+_KEYSYM_NAMES.update({f"num{i}": f"KP_{i}" for i in range(10)})
+# Windows' IME keys VK_ACCEPT and VK_FINAL: X has no keysym for either.
+NO_KEYSYM = frozenset({"accept", "final"})
+
+
+def _keysym_table() -> dict[str, int]:
+    from Xlib import XK
+    for group in ("xf86", "korean"):
+        XK.load_keysym_group(group)
+    table = {}
+    for key, name in _KEYSYM_NAMES.items():
+        ks = XK.string_to_keysym(name)
+        if not ks:
+            raise AssertionError(f"python-xlib knows no keysym {name} (for key {key!r})")
+        table[key] = ks
+    return table
+
+
+_KEYSYMS = _keysym_table()
+
+
 _BUTTONS = {"left": 1, "middle": 2, "right": 3}
+
+
+_BUTTON_NAMES = {v: k for k, v in _BUTTONS.items()}
+# The parts a desktop starts, by their key in `_procs`, and what an error calls them.
+_PARTS = (("xvfb", "the X server (Xvfb)"), ("wm", "the window manager (openbox)"),
+          ("dbus", "the session bus (dbus-daemon)"), ("atspi", "the accessibility bus (at-spi-bus-launcher)"))
 
 
 @dataclass
 class LocalConfig:
-    """How to build the desktop. Defaults give the 1280x800 screen of the ScienceBoard tasks."""
+    """How to build the desktop. Defaults give the 1280x800 screen of the ScienceBoard tasks.
+
+    `x_timeout`: the most seconds one X call (an input action's own pauses not counted) may take before the
+    X server counts as frozen: the call fails with DesktopError and the desktop must be rebuilt."""
     width: int = 1280
     height: int = 800
     window_manager: bool = True
     maximize_windows: bool = True
     accessibility: bool = True
     start_timeout: float = 10.0
+    x_timeout: float = 5.0
 
 
 def _proc_has_token(pid: int, token: bytes) -> bool:
@@ -79,6 +125,15 @@ def _proc_has_token(pid: int, token: bytes) -> bool:
         return False
 
 
+def _proc_state(pid: int) -> str | None:
+    """The one-letter state of a process (R, S, T for stopped, Z for zombie), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
 def kill_everything(token: str, pgids: Sequence[int] = (), grace: float = 1.0) -> None:
     """SIGTERM our process groups, wait up to `grace`, SIGKILL what remains, then sweep /proc by token."""
     me = os.getpid()
@@ -86,6 +141,8 @@ def kill_everything(token: str, pgids: Sequence[int] = (), grace: float = 1.0) -
         for g in pgids:
             try:
                 os.killpg(g, sig)
+                if sig == signal.SIGTERM:  # a stopped (SIGSTOPed, frozen) process acts on SIGTERM only once continued
+                    os.killpg(g, signal.SIGCONT)
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 0.5)
@@ -128,8 +185,10 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _cleanup(token: str, pgids: list[int], watchdog: subprocess.Popen | None, tmpdir: str,
-             display: int | None) -> None:
+def _cleanup(token: str, pgids: list[int], watchdog: subprocess.Popen | None, tmpdir: str | None,
+             display: int | None, deadline: "_Deadline | None" = None) -> None:
+    if deadline is not None:
+        deadline.close()
     kill_everything(token, pgids)
     if watchdog is not None and watchdog.poll() is None:
         watchdog.kill()
@@ -140,7 +199,92 @@ def _cleanup(token: str, pgids: list[int], watchdog: subprocess.Popen | None, tm
                 os.unlink(p)
             except OSError:
                 pass
-    shutil.rmtree(tmpdir, ignore_errors=True)
+    if tmpdir:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class _Deadline:
+    """Cuts a desktop's X connections when a call on them overruns, so that a frozen X server cannot hang us.
+
+    One thread sleeps until the armed deadline; a call that returns in time disarms it (a lock and a notify,
+    a few microseconds). Cutting is `shutdown()` on the connections' sockets: a read blocked on a silent
+    server returns at once, and python-xlib and XCB both report a closed connection."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._until: float | None = None
+        self._depth = 0
+        self._socks: list[socket.socket] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.expired = False
+
+    def attach(self, socks: list[socket.socket]) -> None:
+        with self._cond:
+            self._socks, self.expired, self._closed = socks, False, False
+
+    @contextlib.contextmanager
+    def arm(self, seconds: float) -> Iterator[None]:
+        with self._cond:
+            self._depth += 1
+            if self._depth == 1:  # nested calls run under the outermost deadline
+                self._until = time.monotonic() + seconds
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._run, name="coda-x-deadline", daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._until = None
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if self._until is None:
+                    self._cond.wait()
+                    continue
+                left = self._until - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self.expired, self._until = True, None
+                for s in self._socks:
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            for s in self._socks:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+            self._socks = []
+
+
+def _xcb_socket(shot) -> socket.socket | None:
+    """A duplicate of the socket of mss's XCB connection (shutting it down cuts mss's connection too)."""
+    import ctypes
+    import ctypes.util
+    conn = getattr(getattr(shot, "_impl", None), "conn", None)
+    lib = ctypes.util.find_library("xcb")
+    if conn is None or lib is None:
+        return None
+    xcb = ctypes.CDLL(lib)
+    xcb.xcb_get_file_descriptor.argtypes = [ctypes.c_void_p]
+    xcb.xcb_get_file_descriptor.restype = ctypes.c_int
+    addr = (ctypes.cast(conn, ctypes.c_void_p).value if isinstance(conn, ctypes._Pointer)
+            else ctypes.addressof(conn))
+    fd = xcb.xcb_get_file_descriptor(addr)
+    return socket.socket(fileno=os.dup(fd)) if fd >= 0 else None
 
 
 class LocalDesktop:
@@ -159,41 +303,63 @@ class LocalDesktop:
         self._pgids: list[int] = []
         self._xlib = None
         self._shot = None
-        self._tmp = tempfile.mkdtemp(prefix="coda-desktop-")
+        self._tmp: str | None = None
         self._watchdog: subprocess.Popen | None = None
-        self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, None, self._tmp, None)
+        self._deadline = _Deadline()
+        self._broken: str | None = None      # why the X connection is unusable (cut at a deadline, closed)
+        self._a11y_bus: int | None = None    # pid of the accessibility bus's dbus-daemon (the launcher's child)
+        self._held_keys: dict[int, str] = {}  # keycode -> key name, for what input() holds down
+        self._held_buttons: set[int] = set()
+        self._bound: OrderedDict[int, int] = OrderedDict()  # keysym -> spare keycode it was bound to (LRU order)
+        self._spare: list[int] = []          # keycodes with no keysyms in the server's map
+        self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, None, None, None,
+                                           self._deadline)
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
         if self.alive():
             return
         self.stop()
-        self._tmp = tempfile.mkdtemp(prefix="coda-desktop-")
-        runtime = Path(self._tmp, "runtime")
-        runtime.mkdir(mode=0o700)
+        self._tmp = make_temp_dir("coda-desktop-", what="the desktop's folder")
+        try:
+            runtime = Path(self._tmp, "runtime")
+            runtime.mkdir(mode=0o700)
+        except OSError as e:
+            folder, self._tmp = self._tmp, None
+            shutil.rmtree(folder, ignore_errors=True)
+            raise DesktopError(_disk_error(folder, e)) from None
         base_env = {k: v for k, v in os.environ.items() if not k.startswith(("DBUS_", "XDG_", "WAYLAND"))}
         base_env.update({TOKEN_VAR: self.token, "XDG_RUNTIME_DIR": str(runtime), "NO_AT_BRIDGE": "0"})
+        # The watchdog is told the folder up front: it removes it however this process ends.
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "coda_env.backends.local", "--watchdog", self.token],
+            [sys.executable, "-m", "coda_env.backends.local", "--watchdog", self.token, self._tmp],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, env={k: v for k, v in base_env.items() if k != TOKEN_VAR},
             cwd=str(Path(__file__).resolve().parents[2]))
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, self._watchdog,
+                                           self._tmp, None, self._deadline)
         deadline = time.monotonic() + self.config.start_timeout
         try:
             self._start_xvfb(base_env, deadline)
             base_env["DISPLAY"] = f":{self.display}"
             self.env = base_env
             self._connect()
-            if self.config.accessibility:
-                self._start_dbus(base_env, deadline)
-            if self.config.window_manager:
-                self._start_wm(deadline)
-        except Exception:
+            with self._x("starting the desktop", self.config.start_timeout):
+                if self.config.accessibility:
+                    self._start_dbus(base_env, deadline)
+                if self.config.window_manager:
+                    self._start_wm(deadline)
+        except OSError as e:  # a file of the desktop could not be written (full disk, read-only folder)
+            folder = self._tmp or tempfile.gettempdir()
+            self.stop()
+            raise DesktopError(_disk_error(folder, e)) from None
+        except BaseException:
             self.stop()
             raise
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, self._watchdog,
-                                           self._tmp, self.display)
+                                           self._tmp, self.display, self._deadline)
         if self._watchdog.stdin:
             self._watchdog.stdin.write(f"{self.display}\n".encode())
             self._watchdog.stdin.flush()
@@ -246,9 +412,13 @@ class LocalDesktop:
         env["QT_LINUX_ACCESSIBILITY_ALWAYS_ON"] = "1"
         env["QT_ACCESSIBILITY"] = "1"
         env["GTK_MODULES"] = "gail:atk-bridge"
-        self._popen("atspi", ["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"], env,
-                    group=self._pgids[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(Path(self._tmp, "atspi.log"), "wb") as log:
+            launcher = self._popen("atspi", ["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"], env,
+                                   group=self._pgids[0], stdout=log, stderr=log)
         from ..a11y import A11yClient, enable_accessibility
+        # Ask org.a11y.Bus nothing before our launcher owns it: such a call makes the session bus activate a
+        # second launcher, and the one that loses the race for the name exits (ours, as often as not).
+        _wait_for_name(line, "org.a11y.Bus", launcher, deadline)
         while True:
             try:
                 enable_accessibility(line)
@@ -262,6 +432,8 @@ class LocalDesktop:
                 if time.monotonic() > deadline:
                     raise DesktopError(f"the AT-SPI bus did not come up: {e}") from None
                 time.sleep(0.01)
+        children = _children(launcher.pid)
+        self._a11y_bus = children[0] if children else None
 
         # Toolkits that find the bus address on the root window connect at once and deterministically
         # (Qt reads AT_SPI_BUS before it asks the session bus; that path also works as root).
@@ -295,8 +467,27 @@ class LocalDesktop:
         self._xlib = xdisplay.Display(f":{self.display}")
         self._shot = mss.MSS(display=f":{self.display}")
         self._monitor = {"left": 0, "top": 0, "width": self.width, "height": self.height}
+        socks = [socket.socket(fileno=os.dup(self._xlib.fileno()))]
+        xcb = _xcb_socket(self._shot)
+        if xcb is None:
+            raise DesktopError("cannot find the socket of mss's X connection (an mss without XCB?): screenshots "
+                               "would have no deadline")
+        socks.append(xcb)
+        self._deadline.attach(socks)
+        self._broken = None
+        self._held_keys.clear()
+        self._held_buttons.clear()
+        self._bound.clear()
+        info = self._xlib.display.info
+        with self._x("reading the keyboard map"):
+            syms = self._xlib.get_keyboard_mapping(info.min_keycode, info.max_keycode - info.min_keycode + 1)
+        # keycodes 8 and below are not keys to XKB-based toolkits; the highest ones are the least likely to
+        # be produced by any real keyboard layout
+        self._spare = sorted((info.min_keycode + i for i, s in enumerate(syms)
+                              if not any(s) and info.min_keycode + i > 8), reverse=True)
 
     def stop(self) -> None:
+        self._deadline.close()
         for conn in (self._shot, self._xlib):
             try:
                 if conn is not None:
@@ -313,23 +504,81 @@ class LocalDesktop:
         self._procs.clear()
         self._pgids.clear()
         self._watchdog = None
+        self._tmp = None
         self.display = None
+        self._a11y_bus = None
+        self._held_keys.clear()
+        self._held_buttons.clear()
 
     close = stop
 
+    def health(self, thorough: bool = True) -> str | None:
+        """Why this desktop is unusable, naming the part (None when all is well): a part it started that
+        exited (or, when `thorough`, is stopped), or an X connection that was cut or closed."""
+        if self.display is None or self._xlib is None:
+            return "this desktop is not started"
+        if self._broken:
+            return self._broken
+        for key, what in _PARTS:
+            p = self._procs.get(key)
+            if p is None:
+                continue
+            if p.poll() is not None:
+                return f"{what} of this desktop died (exit code {p.returncode})"
+            if thorough and _proc_state(p.pid) in ("T", "t"):
+                return f"{what} of this desktop is stopped (SIGSTOP), so it cannot answer"
+        if self._a11y_bus is not None and _proc_state(self._a11y_bus) in (None, "Z", "X"):
+            return "the accessibility bus (its dbus-daemon) of this desktop died"
+        return None
+
     def alive(self) -> bool:
-        x = self._procs.get("xvfb")
-        return x is not None and x.poll() is None and self._xlib is not None
+        return self.health() is None
 
     def _check(self) -> None:
-        if not self.alive():
-            raise DesktopError("the X server (Xvfb) of this desktop is not running")
+        why = self.health(thorough=False)
+        if why is not None:
+            raise DesktopError(why)
+
+    @contextlib.contextmanager
+    def _x(self, what: str, extra: float = 0.0) -> Iterator[None]:
+        """Run X calls under the deadline; turn a cut or closed connection into DesktopError (and remember
+        it, so that `alive()` says the desktop must be rebuilt)."""
+        from Xlib import error as xerror
+        limit = self.config.x_timeout + extra
+        try:
+            with self._deadline.arm(limit):
+                yield
+        except (DesktopError, ActionError):
+            raise
+        except Exception as e:
+            if self._deadline.expired:
+                self._broken = (f"the X server (Xvfb) of this desktop did not answer within {limit:g}s while "
+                                f"{what}: it is frozen or badly overloaded")
+                raise DesktopError(self._broken) from None
+            why = self.health(thorough=False)  # a part that died says more than the error it caused
+            if why is not None:
+                raise DesktopError(why) from None
+            if isinstance(e, (xerror.ConnectionClosedError, OSError, ConnectionError)) or self._conn_lost():
+                self._broken = f"the desktop's X connection was closed while {what}: {e}"
+                raise DesktopError(self._broken) from None
+            raise DesktopError(f"the X server refused {what}: {type(e).__name__}: {e}") from None
+        if self._deadline.expired:  # the call returned, but only after the connections were cut
+            self._broken = (f"the X server (Xvfb) of this desktop did not answer within {limit:g}s while "
+                            f"{what}: it is frozen or badly overloaded")
+            raise DesktopError(self._broken)
+
+    def _conn_lost(self) -> bool:
+        x = self._xlib
+        return x is None or getattr(x.display, "socket_error", None) is not None
 
     # ---------------------------------------------------------------- observation
     def screenshot(self) -> np.ndarray:
         self._check()
         try:
-            shot = self._shot.grab(self._monitor)
+            with self._x("taking a screenshot"):
+                shot = self._shot.grab(self._monitor)
+        except DesktopError:
+            raise
         except Exception as e:
             raise DesktopError(f"screenshot failed: {e}") from None
         bgra = np.frombuffer(shot.raw, np.uint8).reshape(self.height, self.width, 4)
@@ -342,104 +591,109 @@ class LocalDesktop:
 
     def windows(self) -> list[Window]:
         self._check()
+        from Xlib import error as xerror
         d = self._xlib
-        root = d.screen().root
-        try:
+        with self._x("listing windows"):
+            root = d.screen().root
             prop = root.get_full_property(d.intern_atom("_NET_CLIENT_LIST"), 0)
             out = []
             for wid in (prop.value if prop else []):
                 w = d.create_resource_object("window", wid)
-                cls = w.get_wm_class() or ("", "")
-                name = w.get_full_property(d.intern_atom("_NET_WM_NAME"), 0)
-                title = name.value.decode(errors="replace") if name and isinstance(name.value, bytes) else (w.get_wm_name() or "")
-                g = w.get_geometry()
-                pos = w.translate_coords(root, 0, 0)
+                try:
+                    cls = w.get_wm_class() or ("", "")
+                    name = w.get_full_property(d.intern_atom("_NET_WM_NAME"), 0)
+                    title = (name.value.decode(errors="replace") if name and isinstance(name.value, bytes)
+                             else (w.get_wm_name() or ""))
+                    g = w.get_geometry()
+                    pos = w.translate_coords(root, 0, 0)
+                except xerror.XError:  # it vanished under us
+                    continue
                 out.append(Window(int(wid), cls[1] or cls[0], str(title), -pos.x, -pos.y, g.width, g.height))
             return out
-        except Exception as e:  # a window vanished under us, or the server died
-            if not self.alive():
-                raise DesktopError(f"the X server died: {e}") from None
-            return []
 
     # ---------------------------------------------------------------- input
+    def pressed(self) -> dict[str, list[str]]:
+        """What input() holds down now: {"keys": key names, "buttons": button names} (keyDown/mouseDown)."""
+        return {"keys": sorted(set(self._held_keys.values())),
+                "buttons": sorted(_BUTTON_NAMES.get(b, str(b)) for b in self._held_buttons)}
+
     def input(self, action: Action) -> None:
+        """Perform one action. An unknown key is an ActionError before anything is pressed; an action that
+        fails midway releases whatever it had pressed."""
         self._check()
+        keys_before, buttons_before = set(self._held_keys), set(self._held_buttons)
+        extra = {"sleep": float(action.seconds), "drag": max(float(action.seconds), 0.06)}.get(action.kind, 0.0)
+        try:
+            with self._x(f"performing {action.kind}", extra):
+                self._perform(action)
+        except BaseException:
+            self._release(set(self._held_keys) - keys_before, self._held_buttons - buttons_before)
+            raise
+
+    def _perform(self, action: Action) -> None:
         from Xlib import X
         from Xlib.ext import xtest
         d, k = self._xlib, action.kind
-        try:
-            if k != "drag" and (action.x is not None or action.y is not None):
-                self._move(action.x, action.y)
-            if k == "move":
-                pass
-            elif k == "click":
-                b = _BUTTONS[action.button]
-                for _ in range(action.clicks):
-                    xtest.fake_input(d, X.ButtonPress, b)
-                    xtest.fake_input(d, X.ButtonRelease, b)
-            elif k == "mouse_down":
-                xtest.fake_input(d, X.ButtonPress, _BUTTONS[action.button])
-            elif k == "mouse_up":
-                xtest.fake_input(d, X.ButtonRelease, _BUTTONS[action.button])
-            elif k == "drag":
-                self._drag(action)
-            elif k in ("scroll", "hscroll"):
-                up, down = (4, 5) if k == "scroll" else (7, 6)
-                b = up if action.amount > 0 else down
-                for _ in range(abs(action.amount)):
-                    xtest.fake_input(d, X.ButtonPress, b)
-                    xtest.fake_input(d, X.ButtonRelease, b)
-            elif k == "type":
-                for ch in action.text:
-                    self._tap_char(ch)
-            elif k == "press":
-                for _ in range(action.presses):
-                    for key in action.keys:
-                        self._key(key, True)
-                        self._key(key, False)
-            elif k == "hotkey":
+        if k in ("press", "hotkey", "key_down", "key_up"):
+            for key in action.keys:  # fail before pressing anything
+                self._keysym(key)
+        if k != "drag" and (action.x is not None or action.y is not None):
+            self._move(action.x, action.y)
+        if k == "move":
+            pass
+        elif k == "click":
+            b = _BUTTONS[action.button]
+            for _ in range(action.clicks):
+                self._button(b, True)
+                self._button(b, False)
+        elif k == "mouse_down":
+            self._button(_BUTTONS[action.button], True)
+        elif k == "mouse_up":
+            self._button(_BUTTONS[action.button], False)
+        elif k == "drag":
+            self._drag(action)
+        elif k in ("scroll", "hscroll"):
+            up, down = (4, 5) if k == "scroll" else (7, 6)
+            b = up if action.amount > 0 else down
+            for _ in range(abs(action.amount)):
+                xtest.fake_input(d, X.ButtonPress, b)
+                xtest.fake_input(d, X.ButtonRelease, b)
+        elif k == "type":
+            for ch in action.text:
+                self._tap_char(ch)
+        elif k == "press":
+            for _ in range(action.presses):
                 for key in action.keys:
                     self._key(key, True)
-                for key in reversed(action.keys):
                     self._key(key, False)
-            elif k == "key_down":
-                for key in action.keys:
-                    self._key(key, True)
-            elif k == "key_up":
-                for key in action.keys:
-                    self._key(key, False)
-            elif k == "sleep":
-                d.sync()
-                time.sleep(action.seconds)  # the agent asked for this wait
-            elif k in ("wait", "done", "fail", "answer"):
-                pass
-            else:
-                raise ValueError(f"unknown action kind {k!r}")
+        elif k == "hotkey":
+            for key in action.keys:
+                self._key(key, True)
+            for key in reversed(action.keys):
+                self._key(key, False)
+        elif k == "key_down":
+            for key in action.keys:
+                self._key(key, True)
+        elif k == "key_up":
+            for key in action.keys:
+                self._key(key, False)
+        elif k == "sleep":
             d.sync()
-        except DesktopError:
-            raise
-        except (OSError, ConnectionError) as e:
-            raise DesktopError(f"lost the X connection: {e}") from None
-        except Exception as e:
-            if not self.alive():
-                raise DesktopError(f"the X server died during input: {e}") from None
-            raise
+            time.sleep(action.seconds)  # the agent asked for this wait
+        elif k in ("wait", "done", "fail", "answer"):
+            pass
+        else:
+            raise ActionError(f"the local desktop cannot perform actions of kind {k!r}")
+        d.sync()
 
-    def release_all(self) -> None:
-        """Release the modifier keys and mouse buttons an action may have left down."""
-        if not self.alive():
-            return
+    def _button(self, b: int, down: bool) -> None:
         from Xlib import X
         from Xlib.ext import xtest
-        d = self._xlib
-        for b in _BUTTONS.values():
-            xtest.fake_input(d, X.ButtonRelease, b)
-        for key in ("shift", "shiftright", "ctrl", "ctrlright", "alt", "altright", "win", "winright"):
-            try:
-                xtest.fake_input(d, X.KeyRelease, self._keycode(self._keysym(key))[0])
-            except ValueError:
-                pass
-        d.sync()
+        xtest.fake_input(self._xlib, X.ButtonPress if down else X.ButtonRelease, b)
+        if down:
+            self._held_buttons.add(b)
+        else:
+            self._held_buttons.discard(b)
 
     def _move(self, x: int | None, y: int | None) -> None:
         from Xlib import X
@@ -457,7 +711,7 @@ class LocalDesktop:
         p = d.screen().root.query_pointer()
         x0, y0 = p.root_x, p.root_y
         b = _BUTTONS[a.button]
-        xtest.fake_input(d, X.ButtonPress, b)
+        self._button(b, True)
         d.sync()
         steps = 12  # toolkits start a drag only after several motion events
         for i in range(1, steps + 1):
@@ -465,38 +719,123 @@ class LocalDesktop:
                              y=round(y0 + (a.y - y0) * i / steps))
             d.sync()
             time.sleep(max(a.seconds, 0.06) / steps)
-        xtest.fake_input(d, X.ButtonRelease, b)
+        self._button(b, False)
 
     def _keycode(self, keysym: int) -> tuple[int, bool]:
-        """(keycode, needs shift) for a keysym, remapping a spare keycode if the keymap lacks it."""
+        """(keycode, needs shift) for a keysym. A keysym the keymap lacks is bound to a spare keycode (as
+        xdotool does) and stays bound; when every spare one is taken, the least recently used binding that is
+        not held down is replaced."""
         d = self._xlib
+        kc = self._bound.get(keysym)
+        if kc is not None:
+            self._bound.move_to_end(keysym)
+            return kc, False
         for kc, index in d.keysym_to_keycodes(keysym):
-            if index in (0, 1):
+            if index in (0, 1) and kc not in self._bound.values():
                 return kc, index == 1
-        raise ValueError(f"keysym {keysym:#x} is not on the keyboard map")
+        used = set(self._bound.values())
+        free = [c for c in self._spare if c not in used]
+        if free:
+            kc = free[0]
+        else:
+            victim = next((ks for ks, c in self._bound.items() if c not in self._held_keys), None)
+            if victim is None:
+                raise ActionError(f"cannot type keysym {keysym:#x}: all {len(self._spare)} spare keycodes are "
+                                  f"bound to keys held down now")
+            kc = self._bound.pop(victim)
+        d.change_keyboard_mapping(kc, [(keysym, keysym)])
+        self._bound[keysym] = kc
+        return kc, False
 
     def _keysym(self, key: str) -> int:
-        from Xlib import XK
-        name = _KEYSYMS.get(key)
-        ks = XK.string_to_keysym(name) if name else (ord(key) if len(key) == 1 else 0)
+        """The keysym of a key name; ActionError for a name X has no key for."""
+        if key in NO_KEYSYM:
+            raise ActionError(f"key {key!r} has no X keysym (it is a Windows IME key), so the local desktop "
+                              f"cannot press it")
+        ks = _KEYSYMS.get(key)
+        if ks is None and len(key) == 1:
+            cp = ord(key)
+            ks = cp if 0x20 <= cp <= 0xFF else 0x01000000 | cp  # Latin-1 keysyms are code points; others Unicode
         if not ks:
-            raise ValueError(f"no X keysym for key {key!r}")
+            raise ActionError(f"no X keysym for key {key!r}")
         return ks
 
     def _key(self, key: str, down: bool) -> None:
         from Xlib import X
         from Xlib.ext import xtest
         kc, shift = self._keycode(self._keysym(key))
+        shift_kc = self._keycode(_KEYSYMS["shift"])[0] if shift else 0
         if shift and down:
-            xtest.fake_input(self._xlib, X.KeyPress, self._keycode(self._keysym("shift"))[0])
+            xtest.fake_input(self._xlib, X.KeyPress, shift_kc)
         xtest.fake_input(self._xlib, X.KeyPress if down else X.KeyRelease, kc)
+        if down:
+            self._held_keys[kc] = key
+        else:
+            self._held_keys.pop(kc, None)
         if shift and not down:
-            xtest.fake_input(self._xlib, X.KeyRelease, self._keycode(self._keysym("shift"))[0])
+            xtest.fake_input(self._xlib, X.KeyRelease, shift_kc)
 
     def _tap_char(self, ch: str) -> None:
         key = {"\n": "enter", "\t": "tab", " ": "space"}.get(ch, ch)
         self._key(key, True)
         self._key(key, False)
+
+    def _release(self, keys: set[int], buttons: set[int]) -> None:
+        """Release these keycodes and buttons (after a failed action); nothing to do on a dead connection."""
+        if not (keys or buttons) or self._broken or self._xlib is None:
+            self._held_keys = {k: v for k, v in self._held_keys.items() if k not in keys}
+            self._held_buttons -= buttons
+            return
+        from Xlib import X
+        from Xlib.ext import xtest
+        try:
+            with self._x("releasing the keys of a failed action"):
+                for kc in keys:
+                    xtest.fake_input(self._xlib, X.KeyRelease, kc)
+                for b in buttons:
+                    xtest.fake_input(self._xlib, X.ButtonRelease, b)
+                self._xlib.sync()
+        except DesktopError:
+            pass
+        self._held_keys = {k: v for k, v in self._held_keys.items() if k not in keys}
+        self._held_buttons -= buttons
+
+    def release_all(self) -> None:
+        """Release every key and button the X server has down and switch Caps/Num/Scroll Lock off, so that
+        the next episode starts from the same keyboard (the env calls this at episode end and on reset).
+        Asks the server, not only our bookkeeping: it also catches what a failed action left behind."""
+        from Xlib import X, XK
+        from Xlib.ext import xtest
+        if not self.alive():  # a dead or frozen desktop holds nothing: the next reset rebuilds it
+            self._held_keys.clear()
+            self._held_buttons.clear()
+            return
+        d = self._xlib
+        with self._x("releasing held keys and buttons"):
+            keymap = d.query_keymap()
+            for kc in range(8, 256):
+                if keymap[kc // 8] >> (kc % 8) & 1:
+                    xtest.fake_input(d, X.KeyRelease, kc)
+            mask = d.screen().root.query_pointer().mask
+            for b in range(1, 6):
+                if mask & (X.Button1Mask << (b - 1)):
+                    xtest.fake_input(d, X.ButtonRelease, b)
+            d.sync()
+            # A lock is on when its modifier is on with no key down: tap its key to switch it off.
+            mods = d.get_modifier_mapping()
+            state = d.screen().root.query_pointer().mask
+            for name in ("Caps_Lock", "Num_Lock", "Scroll_Lock"):
+                ks = XK.string_to_keysym(name)
+                codes = [kc for kc, _ in d.keysym_to_keycodes(ks)]
+                if not codes:
+                    continue
+                bit = next((1 << i for i, row in enumerate(mods) if codes[0] in row), 0)
+                if bit and state & bit:
+                    xtest.fake_input(d, X.KeyPress, codes[0])
+                    xtest.fake_input(d, X.KeyRelease, codes[0])
+            d.sync()
+        self._held_keys.clear()
+        self._held_buttons.clear()
 
     # ---------------------------------------------------------------- processes and files
     def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
@@ -560,7 +899,9 @@ class LocalDesktop:
         Path(path).write_bytes(data)
 
     @property
-    def tmpdir(self) -> str:
+    def tmpdir(self) -> str | None:
+        """This desktop's temporary folder (None until started); removed with the desktop, also by the
+        watchdog when this process dies: the env makes the app homes inside it."""
         return self._tmp
 
     def pids(self) -> list[int]:
@@ -569,8 +910,50 @@ class LocalDesktop:
         return [int(e) for e in os.listdir("/proc") if e.isdigit() and _proc_has_token(int(e), needle)]
 
 
-def _watchdog_main(token: str) -> None:
-    """Block on stdin; when the parent is gone (EOF), kill everything that carries the token."""
+def _wait_for_name(address: str, name: str, owner: subprocess.Popen, deadline: float) -> None:
+    """Poll the bus at `address` until `name` has an owner (NameHasOwner activates nothing)."""
+    from jeepney import DBusAddress, new_method_call
+    from jeepney.io.blocking import open_dbus_connection
+    bus = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus", interface="org.freedesktop.DBus")
+    try:
+        conn = open_dbus_connection(address, auth_timeout=max(0.1, deadline - time.monotonic()))
+    except (OSError, TimeoutError) as e:
+        raise DesktopError(f"cannot reach this desktop's session bus: {e}") from None
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                reply = conn.send_and_get_reply(new_method_call(bus, "NameHasOwner", "s", (name,)),
+                                                timeout=max(0.1, left))
+            except (OSError, TimeoutError) as e:
+                raise DesktopError(f"this desktop's session bus did not answer: {e}") from None
+            if reply.body and reply.body[0] is True:
+                return
+            if owner.poll() is not None:
+                raise DesktopError(f"{owner.args[0]} exited at start (code {owner.returncode})")
+            if left <= 0:
+                raise DesktopError(f"nothing took the name {name} on this desktop's session bus in time")
+            time.sleep(0.005)
+    finally:
+        conn.close()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _disk_error(folder: str, e: OSError) -> str:
+    return (f"cannot write the desktop's files in {folder} ({e.strerror or e}): set TMPDIR to a writable "
+            f"folder with free space")
+
+
+def _watchdog_main(token: str, tmpdir: str) -> None:
+    """Block on stdin; when the parent is gone (EOF), kill everything that carries the token and remove the
+    desktop's folder."""
     display = None
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for line in sys.stdin.buffer:
@@ -584,8 +967,8 @@ def _watchdog_main(token: str) -> None:
                 pgids.append(os.getpgid(int(e)))
             except ProcessLookupError:
                 pass
-    _cleanup(token, sorted(set(pgids)), None, tempfile.gettempdir() + "/nonexistent-coda", display)
+    _cleanup(token, sorted(set(pgids)), None, tmpdir, display)
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--watchdog":
-    _watchdog_main(sys.argv[2])
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--watchdog":
+    _watchdog_main(sys.argv[2], sys.argv[3])

@@ -21,7 +21,8 @@ _SKIP = frozenset({"menu bar", "combo box", "popup menu", "scroll bar", "web doc
 # State reads also skip lists: the Dictionary's operator list is 285 of the tree's 437 nodes, and no check
 # reads it (the a11y_tree observation keeps it). That matters in a VM, where a read runs in the guest.
 _STATE_SKIP = _SKIP | {"list"}
-_DETAILS = frozenset({"page tab"})  # the tabs' states say which is current; their extents are pressed
+_DETAILS = frozenset({"page tab"})
+STATE_PATIENCE = 30.0  # seconds a running but busy KAlgebra may take to answer a state read  # the tabs' states say which is current; their extents are pressed
 
 
 class KAlgebra:
@@ -104,10 +105,19 @@ class KAlgebra:
         return list(zip(items[0::2], items[1::2]))
 
     def state(self, desktop: Desktop) -> dict[str, Any]:
-        try:
-            return self._read_state(desktop)
-        except A11yError as e:
-            raise AppError(f"cannot read KAlgebra's state: {e}") from None
+        """The state; a read that KAlgebra does not answer in time is tried again while it runs, for up to
+        STATE_PATIENCE seconds: a busy KAlgebra (an implicit curve, a script just loaded, a loaded machine)
+        answers AT-SPI seconds late, and that is no reason to score an episode as an error."""
+        deadline = time.monotonic() + STATE_PATIENCE
+        while True:
+            try:
+                return self._read_state(desktop)
+            except (A11yError, AppError) as e:
+                if (self._proc is not None and self._proc.poll() is not None) or time.monotonic() > deadline:
+                    if isinstance(e, AppError):
+                        raise
+                    raise AppError(f"cannot read KAlgebra's state: {e}") from None
+            time.sleep(0.1)   # polled: the next read comes when KAlgebra may have caught up
 
     def _read_state(self, desktop: Desktop) -> dict[str, Any]:
         """{"tab", "variables": {name: value}, "functions_2d": [{"name", "expression"}], "function_3d",

@@ -1,0 +1,356 @@
+"""GRASS GIS 8.2 (Debian's stock build) with its wxGUI: launch, readiness, state, accessibility, set-up.
+
+Two sources of state, because GRASS keeps two kinds:
+- The data (maps, attribute tables, regions) lives in the GRASS database in the env's home. The `db` check
+  asks GRASS itself, with `grass --tmp-mapset LOCATION --exec MODULE ...`: a throwaway mapset beside the one
+  the GUI holds, so the GUI's lock is never broken and the query sees the same maps.
+- What only the GUI knows (the Layer Manager's layers with their commands, order, checked state and
+  opacity; the displayed region and scale; the status-bar mode; toolbars; open windows; console output) is
+  read from inside the GUI process. Choice: a small state server (`guistate.py`) that Python's per-user
+  start-up hook (`usercustomize`, found in the user site folder of the env's own HOME) starts inside
+  `wxgui.py` only. It answers JSON over a unix socket in the desktop's private runtime folder (mode 0600),
+  reads wx objects on the GUI thread, and writes nothing. No GRASS file is changed; the agent acts only
+  through the screen, keyboard and mouse, and has no way to send to the socket. (The GUI's own console
+  runs programs as the user, as GRASS's does anywhere; its Python tab is hidden through GRASS's own
+  preference `manager.hideTabs.pyshell`.)
+
+AT-SPI sees only the menus and toolbars of wxGTK (the layer and data trees are custom-drawn), so
+`a11y_text` joins those with the Layer Manager's layers as the GUI lays them out (names and boxes from the
+state server).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from . import data
+from ...registry import AppError, SetupError, SetupOp
+
+SOCKET_ENV = "CODA_GRASS_STATE_SOCKET"
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
+A11Y_ROWS = 400
+_A11Y_SKIP = frozenset({"menu", "popup menu"})   # closed menus' items are not on screen
+_A11Y_ROLES = frozenset({"frame", "dialog", "menu", "menu item", "push button", "toggle button", "check box",
+                         "radio button", "combo box", "text", "page tab", "spin button", "slider", "label",
+                         "list item", "table cell", "tree item"})
+A11Y_APP_NAMES = ("wxgui.py", "GRASS GIS", "python3")     # how wxGTK may name the GUI on the bus
+# wx.json, GRASS's own preferences: no locale dialog (no en_US locale here), no Python shell tab, no Tools
+# tab (the same modules are in the menus; the console is then shown from the start), and the
+# single-window layout (GRASS 8.4's default, which ScienceBoard's tasks were made on; 8.2 offers it as an
+# option): Data Catalog, Layers, Map Display, Tools and Console in one window that the desktop maximizes
+WX_SETTINGS = {
+    "language": {"locale": {"lc_all": "C"}},
+    "manager": {"hideTabs": {"pyshell": True, "search": True}},
+    "general": {"singleWindow": {"enabled": True}},
+}
+QUICK_ANSWER, QUICK_ANSWERS = 0.2, 2       # ready: the GUI thread answered within 0.2 s twice running
+USERCUSTOMIZE = "import coda_grass_state\ncoda_grass_state.install()\n"
+
+
+def system_python_version() -> str:
+    """'3.11' for /usr/bin/python3 (the user-site folder is named after it)."""
+    global _PYVER
+    if _PYVER is None:
+        r = subprocess.run([data.SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True, timeout=30)
+        _PYVER = r.stdout.strip() or "3.11"
+    return _PYVER
+
+
+_PYVER: str | None = None
+
+
+class Grass:
+    name = "grass"
+    wm_class = "wxgui.py"
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._sock: str | None = None
+        self.home: str | None = None
+        # set by the `location` setup op (files phase) before launch; default: the coda database
+        self.location_source: tuple[str, str, str] | None = None   # (source GISDBASE, location, mapset)
+        self.extra_locations: list[tuple[str, str]] = []            # (source GISDBASE, location): copied too
+        self.gisdbase: str | None = None
+        self._quick, self._splash_closed = 0, False
+        self.location = data.LOCATION
+        self.mapset = data.MAPSET
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    def launch(self, ctx) -> subprocess.Popen:
+        desktop, home = ctx.desktop, ctx.home
+        if shutil.which("grass") is None:
+            raise AppError("GRASS GIS is not installed: `apt-get install grass` (or `make setup`)")
+        if not os.access(data.SYSTEM_PYTHON, os.X_OK):
+            raise AppError(f"{data.SYSTEM_PYTHON} is missing: GRASS's GUI needs Debian's python3 with wxPython")
+        self.home = home
+        src_db, self.location, self.mapset = self.location_source or (str(data.database()), data.LOCATION,
+                                                                      data.MAPSET)
+        try:
+            self.gisdbase = str(data.copy_location(src_db, self.location, home))
+            for extra_db, extra in self.extra_locations:
+                if extra != self.location:
+                    data.copy_location(extra_db, extra, home)
+        except (data.DataError, OSError) as e:
+            raise AppError(f"cannot set up the GRASS database: {e}") from None
+        finally:  # one adapter serves every reset: the next task's `location` ops choose afresh
+            self.location_source, self.extra_locations = None, []
+        site = Path(home, ".local", "lib", f"python{system_python_version()}", "site-packages")
+        desktop.write_file(str(site / "coda_grass_state.py"), Path(__file__).with_name("guistate.py").read_bytes())
+        desktop.write_file(str(site / "usercustomize.py"), USERCUSTOMIZE.encode())
+        desktop.write_file(str(Path(home, ".grass8", "wx.json")), json.dumps(WX_SETTINGS).encode())
+        runtime = getattr(desktop, "env", {}).get("XDG_RUNTIME_DIR") or home
+        self._sock = os.path.join(runtime, f"coda-grass-{uuid.uuid4().hex[:12]}.sock")
+        env = {**data.grass_env(home), SOCKET_ENV: self._sock, "XDG_CONFIG_HOME": str(Path(home, ".config")),
+               "XDG_CACHE_HOME": str(Path(home, ".cache")), "NO_AT_BRIDGE": "0"}
+        mapset = str(Path(self.gisdbase, self.location, self.mapset))
+        self._quick, self._splash_closed = 0, False
+        self._proc = desktop.spawn(["grass", "--gui", mapset], env=env, cwd=home, log=str(Path(home, "grass.log")))
+        return self._proc
+
+    def close(self) -> None:
+        if self._sock:
+            try:
+                os.unlink(self._sock)
+            except OSError:
+                pass
+        self._proc = None
+
+    def _alive(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            log = ""
+            if self.home:
+                try:
+                    log = Path(self.home, "grass.log").read_text(errors="replace")[-600:]
+                except OSError:
+                    pass
+            raise AppError(f"GRASS exited with code {self._proc.returncode}; its log ends: {log}")
+
+    def request(self, req: dict, timeout: float = 10.0) -> dict:
+        """One request to the state server inside the GUI (see guistate.py)."""
+        if not self._sock:
+            raise AppError("GRASS is not launched")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(self._sock)
+            s.sendall((json.dumps(req) + "\n").encode())
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                buf += chunk
+        finally:
+            s.close()
+        reply = json.loads(buf)
+        if not reply.get("ok"):
+            raise AppError(f"GRASS GUI state server: {reply.get('error')}")
+        return reply
+
+    def ready(self, desktop) -> bool:
+        self._alive()
+        if not any(w.title.endswith("GRASS GIS") and w.width >= desktop.width * 0.9 for w in desktop.windows()):
+            return False
+        try:
+            ping = self.request({"op": "ping"}, timeout=2)
+            if not ping.get("ready") or ping.get("rendering"):
+                self._quick = 0
+                return False
+            if not self._splash_closed:
+                self.request({"op": "close_splash"}, timeout=2)
+                self._splash_closed = True
+            # After its windows show, the GUI goes on filling its catalog and tool trees; input sent then
+            # is handled seconds later. Ready once the GUI thread answers promptly several times in a row.
+            t0 = time.monotonic()
+            self.request({"op": "ping"}, timeout=2)
+            self._quick = self._quick + 1 if time.monotonic() - t0 < QUICK_ANSWER else 0
+            return self._quick >= QUICK_ANSWERS
+        except (OSError, ValueError, AppError):
+            return False
+
+    # ------------------------------------------------------------------------------------ state
+    def state(self, desktop, busy_timeout: float = 60.0) -> dict[str, Any]:
+        """The GUI's state, read once the commands it started have finished (so `db` checks see their data)."""
+        self._alive()
+        try:
+            deadline = time.monotonic() + busy_timeout
+            while self.request({"op": "ping"}).get("busy") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            st = self.request({"op": "state"})["state"]
+        except (OSError, ValueError) as e:
+            raise AppError(f"cannot read GRASS's GUI state: {e}") from None
+        st["database"] = {"gisdbase": self.gisdbase, "location": self.location, "mapset": self.mapset}
+        # by-name views for checks (a layer added twice: the topmost)
+        st["layer"] = {}
+        for layer in st.get("layers", []):
+            st["layer"].setdefault(layer.get("name"), layer)
+        return st
+
+    # ------------------------------------------------------------------------------------ a11y
+    def a11y_text(self, desktop) -> str:
+        """role | name | x,y,w,h for what is on screen: AT-SPI's showing menus/toolbar buttons, then the
+        Layer Manager's layers (custom-drawn, so from the state server). Bounded to A11Y_ROWS rows."""
+        rows: list[str] = ["role\tname\tbox"]
+        try:
+            client = desktop.a11y()
+            try:
+                rows += self._a11y_rows(client)
+            finally:
+                client.close()
+        except Exception as e:  # a11y is an observation aid: its absence must not end the episode
+            rows.append(f"(accessibility unavailable: {type(e).__name__})")
+        try:
+            for layer in self.request({"op": "layer_boxes"}, timeout=2).get("layers", []):
+                box = ",".join(str(v) for v in layer["box"]) if layer.get("box") else ""
+                mark = "[x]" if layer.get("checked") else "[ ]"
+                rows.append(f"layer\t{mark} {layer.get('label')}\t{box}")
+        except (OSError, ValueError, AppError):
+            pass
+        return "\n".join(rows[: A11Y_ROWS + 1])
+
+    _a11y_name: str | None = None
+
+    def _a11y_rows(self, client) -> list[str]:
+        """The showing widgets AT-SPI knows of (menus, toolbar buttons, tabs, text fields), through the
+        A11ySource API only (so a VM's reader works too): states and boxes come with the tree read."""
+        names = [self._a11y_name] if self._a11y_name else list(A11Y_APP_NAMES)
+        for name in names:
+            root = client.app_tree(name, skip_roles=_A11Y_SKIP, details_roles=_A11Y_ROLES)
+            if root is None:
+                continue
+            self._a11y_name = name
+            out = []
+            for n in root.walk():
+                if n.role not in _A11Y_ROLES or not n.name or not n.extents or "showing" not in (n.states or ()):
+                    continue
+                x, y, w, h = n.extents
+                if w > 0 and h > 0:
+                    out.append(f"{n.role}\t{n.name[:80]}\t{x},{y},{w},{h}")
+                    if len(out) >= A11Y_ROWS:
+                        break
+            return out
+        return []
+
+
+def run_query(desktop, home: str | None, database: dict, module: str, args: list[str],
+              timeout: float = 60.0) -> str:
+    """Run one GRASS module on the episode's location in a throwaway mapset (`--tmp-mapset`, so the GUI's
+    lock on its mapset stays); its stdout. `module`/`args` must already be whitelisted (checks.py): no
+    shell, no output options. HOME is a folder of the episode's own, so no user's GRASS settings change."""
+    qhome = str(Path(home or "/tmp", ".cache", "coda-grass-query"))
+    os.makedirs(qhome, exist_ok=True)
+    env = [f"{k}={v}" for k, v in data.grass_env(qhome).items()]
+    argv = ["env", *env, "grass", "--tmp-mapset", str(Path(database["gisdbase"], database["location"])),
+            "--exec", module, *args]
+    try:
+        r = desktop.run(argv, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AppError(f"GRASS query {module} took over {timeout}s") from None
+    out = r.stdout.decode(errors="replace") if isinstance(r.stdout, bytes) else (r.stdout or "")
+    if r.returncode != 0:
+        err = r.stderr.decode(errors="replace") if isinstance(r.stderr, bytes) else (r.stderr or "")
+        raise AppError(f"GRASS query {module} {' '.join(args)} failed (code {r.returncode}): {err[-500:]}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------- setup ops
+def _location_validate(op: dict) -> None:
+    for key in ("location", "mapset"):
+        if key in op and not (isinstance(op[key], str) and NAME_RE.match(op[key])):
+            raise SetupError(f"{key!r} must be a GRASS name (letters, digits, _ . -), got {op.get(key)!r}")
+    if "grassdata" in op and not (isinstance(op["grassdata"], str) and os.path.isabs(op["grassdata"])):
+        raise SetupError("'grassdata' must be an absolute folder (a GRASS database the location is copied from)")
+    if "open" in op and not isinstance(op["open"], bool):
+        raise SetupError("'open' must be true or false")
+
+
+def _location(ctx, op: dict) -> None:
+    """Files phase: which location the GUI opens. `coda` is this project's; any other is copied (read only)
+    from `grassdata` in the op, else from set_grassdata()/$CODA_GRASSDATA."""
+    loc, mapset = op.get("location", data.LOCATION), op.get("mapset", data.MAPSET)
+    if loc == data.LOCATION and "grassdata" not in op:
+        src = (str(data.database()), loc, mapset)
+        if op.get("open", True):
+            ctx.app.location_source = src
+        else:
+            ctx.app.extra_locations.append(src[:2])
+        return
+    src = op.get("grassdata") or data.grassdata()
+    if not src:
+        raise AppError(f"this task needs the GRASS location {loc!r}: name the GRASS database holding it with "
+                       f"$CODA_GRASSDATA or `coda import-scienceboard --grassdata DIR`")
+    if not data.is_location(Path(src, loc)) or not Path(src, loc, mapset).is_dir():
+        raise AppError(f"the GRASS location {loc}/{mapset} is not in {src}")
+    if op.get("open", True):
+        ctx.app.location_source = (src, loc, mapset)
+    else:  # only copied beside it (a task that asks to switch to it)
+        ctx.app.extra_locations.append((src, loc))
+
+
+_LAYER_MODULES = {"raster": "d.rast", "vector": "d.vect"}
+_PARAM_RE = re.compile(r"^[A-Za-z0-9_.@:,+\- ]{1,200}$")
+
+
+def _layer_validate(op: dict) -> None:
+    if not (isinstance(op.get("map"), str) and re.match(r"^[A-Za-z0-9_.@\-]{1,120}$", op["map"])):
+        raise SetupError(f"'map' must be a GRASS map name, got {op.get('map')!r}")
+    if op.get("type", "raster") not in _LAYER_MODULES and "type" in op:
+        raise SetupError(f"'type' must be raster or vector, got {op.get('type')!r}")
+    params = op.get("params", {})
+    if not isinstance(params, dict) or not all(
+            isinstance(k, str) and re.match(r"^[a-z_]{1,30}$", k) and k != "map"
+            and isinstance(v, (str, int, float)) and _PARAM_RE.match(str(v)) for k, v in params.items()):
+        raise SetupError("'params' must map d.rast/d.vect option names to simple values")
+
+
+def _layer(ctx, op: dict) -> None:
+    """App phase: add a map layer as the Layer Manager's 'Add map layer' does; wait until it is listed."""
+    app: Grass = ctx.app
+    before = len(app.state(ctx.desktop)["layers"])
+    req: dict[str, Any] = {"op": "add_layer", "map": op["map"]}
+    if "type" in op:
+        req["cmd"] = [_LAYER_MODULES[op["type"]], f"map={op['map']}",
+                      *(f"{k}={v}" for k, v in op.get("params", {}).items())]
+    app.request(req)
+    deadline = time.monotonic() + 10
+    while len(app.state(ctx.desktop)["layers"]) <= before:
+        if time.monotonic() > deadline:
+            raise AppError(f"GRASS did not list the layer {op['map']!r}")
+        time.sleep(0.02)
+    _wait_rendered(ctx)
+
+
+def _wait_rendered(ctx, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while ctx.app.request({"op": "ping"}).get("rendering"):
+        if time.monotonic() > deadline:
+            raise AppError("GRASS's map display did not finish rendering")
+        time.sleep(0.02)
+
+
+def _scale_validate(op: dict) -> None:
+    if isinstance(op.get("scale"), bool) or not isinstance(op.get("scale"), (int, float)) or op["scale"] <= 0:
+        raise SetupError("'scale' must be a positive number (the n of 1:n)")
+
+
+def _scale(ctx, op: dict) -> None:
+    """App phase: set the map display's scale to 1:n, as typing it into the status bar's Map scale does."""
+    ctx.app.request({"op": "set_scale", "scale": float(op["scale"])})
+    _wait_rendered(ctx)
+
+
+SETUP_OPS = [
+    SetupOp("location", _location, _location_validate,
+            (frozenset(), frozenset({"location", "mapset", "grassdata", "open"})), phase="files"),
+    SetupOp("scale", _scale, _scale_validate, (frozenset({"scale"}), frozenset()), phase="app"),
+    SetupOp("layer", _layer, _layer_validate, (frozenset({"map"}), frozenset({"type", "params"})), phase="app"),
+]
