@@ -165,6 +165,9 @@ class TeXstudio:
             return False
         if tree is None or not any(n.name == want for n in self._editor_tabs(tree)):
             return False
+        # the structure panel lists the document (it fills in after the editor; until then the screen changes)
+        if want.endswith(".tex") and not any(n.role == "tree item" and n.name == want for n in tree.walk()):
+            return False
         # and the window has the keyboard (openbox focuses it once mapped): keys sent before would be lost
         frame = next((n for n in tree.children if n.role == "frame" and n.name.endswith("TeXstudio")), None)
         try:
