@@ -168,7 +168,10 @@ class TeXstudio:
         # the structure panel lists the document (it fills in after the editor; until then the screen changes)
         if want.endswith(".tex") and not any(n.role == "tree item" and n.name == want for n in tree.walk()):
             return False
-        # and the window has the keyboard (openbox focuses it once mapped): keys sent before would be lost
+        # and the window has the keyboard (openbox focuses it once mapped): keys sent before would be lost.
+        # Beside another app's window (a multi-app task) the focus is that app's to take: not waited for.
+        if any(w.wm_class != self.wm_class for w in desktop.windows()):
+            return True
         frame = next((n for n in tree.children if n.role == "frame" and n.name.endswith("TeXstudio")), None)
         try:
             return frame is not None and "active" in self._client(desktop).states(frame)

@@ -64,6 +64,8 @@ def _launch(op: dict, where: str, init: list, apps: list, requires: list) -> Non
             if not a.startswith("-"):
                 init.append({"func": "open_file", "path": _rel(a, where)})
         return
+    if "grass" in words and any("grassdata_piemonte" in a for a in argv):
+        requires.append("ScienceBoard's GRASS location grassdata_piemonte_utm32n_wgs84_grass7 (its VM image)")
     for w in words:
         if w in OTHER_APPS:
             if OTHER_APPS[w] not in apps:
