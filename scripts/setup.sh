@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # libvirt-dev + pkg-config build libvirt-python (the [vm] extra); qemu-utils gives qemu-img for VM images.
 APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra grass libgl1-mesa-dri libvirt-dev pkg-config qemu-utils libosmesa6)
+# TeXstudio (coda/TeXstudio-v0): the editor, pdflatex + bibtex, pdftotext for the compile check's text, and the
+# LaTeX packages ScienceBoard's documents use (listings, xcolor, lipsum, enumitem, bussproofs, ...).
+APT_PACKAGES+=(texstudio texlive-latex-base texlive-latex-recommended texlive-latex-extra texlive-science poppler-utils)
+# ScienceBoard's C-03/C-04 documents also load kpfonts and beramono: texlive-fonts-extra, about 500 MB to
+# download and 1.4 GB on disk, so only on request.
+if [ "${CODA_TEXLIVE_FONTS_EXTRA:-0}" = 1 ]; then APT_PACKAGES+=(texlive-fonts-extra); fi
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
