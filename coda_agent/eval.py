@@ -42,6 +42,7 @@ def run_eval(env_id: str, agent: Agent, out: Path, task_ids: list[str] | None = 
     if unknown:
         raise ValueError(f"unknown tasks for {env_id}: {', '.join(unknown)} (`coda tasks` lists them)")
     check_config(out, {"env": env_id, "agent": getattr(agent, "name", type(agent).__name__), "tasks": ids,
+                       "seed": seed,
                        **py_config(env_kwargs), **(config or {})})
     finished = load_finished(out)
     queue = [(t, e) for t in ids for e in range(episodes) if (t, e) not in finished]
@@ -286,8 +287,11 @@ def main_eval(args) -> int:
                          f"(`coda tasks {app}` lists them)")
     agent = make_agent(args.agent, app, screen, args.planner, args.executor, args.planner_model,
                        args.executor_model, args.history, args.seed)
-    config = {"planner": args.planner, "executor": args.executor, "planner_model": args.planner_model,
-              "executor_model": args.executor_model, "history": args.history, "seed": args.seed}
+    config = {k: v for k, v in {"planner": args.planner, "executor": args.executor,
+                                "planner_model": args.planner_model, "executor_model": args.executor_model}.items()
+              if v is not None}
+    if args.planner or args.executor:           # what the models were shown
+        config["history"] = args.history
     summary = run_eval(args.env, agent, out, args.tasks, args.episodes, args.num_envs, args.seed, env_kwargs,
                        progress=not args.quiet, config=config)
     print_table(summary, out)

@@ -132,6 +132,7 @@ class CodaEnv(gym.Env):
         # before (what a judge shows as earlier steps); the final screen is the observation itself
         self._frames: list[np.ndarray] = []
         self._frame_last: np.ndarray | None = None
+        self._frame_kept = False
         # The task of the next reset when its options name none: how a runner assigns tasks to the envs of
         # a vector env (`envs.set_attr("next_task", [...])`), whose autoreset passes no options. Used once.
         self.next_task: str | None = None
@@ -370,14 +371,16 @@ class CodaEnv(gym.Env):
 
     def _keep_frame(self, frame: np.ndarray) -> None:
         """Scorer mode: keep a downscaled copy of a screen that differs from the one before (about 6 ms)."""
-        size = getattr(self.scorer, "history_size", None)
-        if size and (self._frame_last is None or not np.array_equal(frame, self._frame_last)):
+        size = self.scorer.history_size
+        self._frame_kept = bool(size) and (self._frame_last is None or not np.array_equal(frame, self._frame_last))
+        if self._frame_kept:
             self._frames.append(fit_within(frame, size))
         self._frame_last = frame
 
     def _score(self, info: dict, answer: str | None) -> float:
         """Ask the scorer about the episode; its failure is the episode's error, not the env's."""
-        earlier = self._frames[:-1]       # the last kept frame is the final screen, shown at full size
+        # the final screen is shown at full size: drop its small copy when the last step kept one
+        earlier = self._frames[:-1] if self._frame_kept else self._frames
         t0 = time.monotonic()
         try:
             result = self.scorer.score(Episode(self.task.id, self.app_name, self.task.instruction,

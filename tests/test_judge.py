@@ -476,7 +476,7 @@ def test_judge_reward_through_coda_eval_on_an_async_vector_env(stand_in, seen, t
     from coda_agent.policy import OracleAgent
     judge = {"models": [{"spec": stand_in, "model": "word:power"}], "samples": 1}
     s = run_eval("coda/KAlgebra-v0", OracleAgent(), tmp_path / "run", TASKS[:2], num_envs=2,
-                 env_kwargs={"reward": "judge", "judge": judge}, progress=False)
+                 env_kwargs={"reward": Judge(judge)}, progress=False)
     recs = {r["task"]: r for r in _records(tmp_path / "run")}
     assert s["overall"]["success"] == 2                                  # eval's success is the checks'
     assert (recs["calc_power"]["reward"], recs["calc_log2_3"]["reward"]) == (1.0, 0.0)   # the judge's
