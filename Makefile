@@ -1,5 +1,5 @@
 # The two commands of the quick start. Both install what is missing first (scripts/setup.sh).
-.PHONY: setup chimerax-engine demo test test-fast test-all bench clean vm-image vm-setup vm-test vm-bench vm-ci
+.PHONY: setup chimerax-engine demo test test-fast test-slow test-all bench clean vm-image vm-setup vm-test vm-bench vm-ci
 
 setup:
 	@bash scripts/setup.sh
@@ -20,6 +20,10 @@ test: setup chimerax-engine
 # The fast tier: fakes only, no X server (well under a minute).
 test-fast: setup
 	.venv/bin/python -m pytest -q -m fast
+
+# The slow suites alone (every TeXstudio oracle through the GUI, the 10x fault sweep): CI runs them too.
+test-slow: setup chimerax-engine
+	.venv/bin/python -m pytest -q -m "slow and not vm and not gpu and not wip"
 
 test-all: setup chimerax-engine
 	.venv/bin/python -m pytest -q -m "not vm and not gpu and not wip"

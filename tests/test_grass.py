@@ -246,7 +246,7 @@ def test_a11y_text_is_bounded_and_fast(grass_env):
 
 
 @NEEDS_GRASS
-@pytest.mark.wip   # fails: the Data Catalog shows the GRASS database's path, inside the per-reset home
+
 def test_check_env():
     from gymnasium.utils.env_checker import check_env
     env = gym.make("coda/GRASS-v0", task="layer_add_raster", info_timings=False)

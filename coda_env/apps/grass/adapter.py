@@ -107,14 +107,31 @@ class Grass:
         desktop.write_file(str(site / "coda_grass_state.py"), Path(__file__).with_name("guistate.py").read_bytes())
         desktop.write_file(str(site / "usercustomize.py"), USERCUSTOMIZE.encode())
         desktop.write_file(str(Path(home, ".grass8", "wx.json")), json.dumps(WX_SETTINGS).encode())
+        # no GTK transitions: a checkbox caught mid-animation made two identical resets' screens differ
+        desktop.write_file(str(Path(home, ".config", "gtk-3.0", "settings.ini")),
+                           b"[Settings]\ngtk-enable-animations=0\n")
         runtime = getattr(desktop, "env", {}).get("XDG_RUNTIME_DIR") or home
         self._sock = os.path.join(runtime, f"coda-grass-{uuid.uuid4().hex[:12]}.sock")
         env = {**data.grass_env(home), SOCKET_ENV: self._sock, "XDG_CONFIG_HOME": str(Path(home, ".config")),
                "XDG_CACHE_HOME": str(Path(home, ".cache")), "NO_AT_BRIDGE": "0"}
-        mapset = str(Path(self.gisdbase, self.location, self.mapset))
+        mapset = str(Path(self._stable_root(desktop, home), os.path.relpath(self.gisdbase, home), self.location,
+                          self.mapset))
         self._quick, self._splash_closed = 0, False
         self._proc = desktop.spawn(["grass", "--gui", mapset], env=env, cwd=home, log=str(Path(home, "grass.log")))
         return self._proc
+
+    @staticmethod
+    def _stable_root(desktop, home: str) -> str:
+        """home as GRASS is given it. The Data Catalog shows the database's full path, and home is a fresh
+        random folder per reset; through a link of fixed name in the desktop's own folder (which goes with
+        the desktop) the screen is the same for every reset of one task (gymnasium's check_env)."""
+        tmp = getattr(desktop, "tmpdir", None)
+        if not tmp:
+            return home
+        link = os.path.join(tmp, "grass-home")
+        if desktop.run(["ln", "-sfn", "--", str(home), link], timeout=10).returncode != 0:
+            return home
+        return link
 
     def close(self) -> None:
         if self._sock:
