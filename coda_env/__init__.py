@@ -1,7 +1,7 @@
 """coda_env: Gymnasium environments on real scientific desktop applications.
 
 Importing the package imports the app packages (`coda_env/apps/<app>/`), each of which registers its env
-id, check types and setup operations (`coda_env.registry`); `gym.make("coda_env:coda/KAlgebra-v0")` works
+id, check types and setup operations (`coda_env.registry`); `gym.make("coda_env:coda/<App>-v0")` works
 without importing it first.
 """
 from . import checks, setup_ops  # noqa: F401  (the core check types and setup operations register first)

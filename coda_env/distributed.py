@@ -7,7 +7,7 @@ default, or pinned to nodes, or into a placement group through `actor_options`).
 
 The facade behaves like gymnasium's vector envs in NEXT_STEP autoreset mode (the step after an episode ends
 resets that env and returns its first observation, reward 0), and `get_attr`/`set_attr`/`call` reach the
-envs, so `coda_agent.rollout.run_episodes` can set `next_task`. Failures never hang a step: an actor that
+envs, so a runner (the agent package's `run_episodes`) can set `next_task`. Failures never hang a step: an actor that
 dies (its process killed, its node lost) or does not answer within `timeout` seconds is killed and replaced
 by a fresh actor, and its episode ends as truncated with reward 0 and info["error"] naming what happened;
 the next step resets it like any finished env. A desktop or app that dies inside a living actor is the env's
