@@ -15,7 +15,7 @@ chimerax-engine:
 
 # The test suite (what CI runs). Slow suites: make test-all.
 test: setup chimerax-engine
-	.venv/bin/python -m pytest -q -m "not slow and not vm and not gpu and not wip"
+	.venv/bin/python -m pytest -q -rs -m "not slow and not vm and not gpu and not wip"
 
 # The fast tier: fakes only, no X server (well under a minute).
 test-fast: setup

@@ -1014,7 +1014,10 @@ class _OSWorldStandIn:
 
 
 @pytest.fixture
-def osworld():
+def osworld(tmp_path, monkeypatch):
+    # the stand-in runs spawned programs on this machine: their exit statuses go to the test's folder, not to
+    # the guest's /tmp/coda-exit (which would be this machine's /tmp here)
+    monkeypatch.setattr(lvb.OSWorldGuest, "EXIT_DIR", str(tmp_path / "exit-statuses"))
     s = _OSWorldStandIn()
     yield s
     s.close()
