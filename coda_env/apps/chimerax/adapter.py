@@ -128,8 +128,8 @@ class ChimeraX:
                "XDG_CACHE_HOME": str(h / ".cache"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                # QtWebEngine (the log, help viewer) refuses to run as root without these
                "QTWEBENGINE_DISABLE_SANDBOX": "1", "QTWEBENGINE_CHROMIUM_FLAGS": "--no-sandbox --disable-gpu",
-               # matplotlib's font cache (built at start, ~0.5 s of CPU): a cache, shared, not per episode
-               "MPLCONFIGDIR": "/tmp/coda-chimerax-mplconfig",
+               # matplotlib's font cache (built at start, ~0.5 s of CPU): kept per desktop (its folder goes with it)
+               "MPLCONFIGDIR": os.path.join(getattr(desktop, "tmpdir", None) or str(h / ".cache"), "mplconfig"),
                # no network: anything that honours proxies goes nowhere; the REST server is local
                "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
                "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
