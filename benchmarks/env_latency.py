@@ -17,8 +17,8 @@ import numpy as np
 
 import gymnasium as gym
 
-import coda_env
-from coda_env.backends.local import TOKEN_VAR
+import coda_env  # noqa: F401  (registers the envs)
+from coda_env.backends.local import token_pids
 from coda_env.registry import APPS
 
 
@@ -28,16 +28,10 @@ def pct(xs: list[float], q: float) -> float:
 
 def memory_mb(token: str) -> tuple[float, float, dict[str, float]]:
     """(RSS sum, PSS sum, RSS by command) over the processes carrying the desktop's token."""
-    needle = f"{TOKEN_VAR}={token}".encode()
     rss = pss = 0.0
     by: dict[str, float] = {}
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
+    for e in token_pids(token):
         try:
-            with open(f"/proc/{e}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
             with open(f"/proc/{e}/comm") as f:
                 comm = f.read().strip()
             with open(f"/proc/{e}/smaps_rollup") as f:

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 import coda_env  # noqa: F401
-from coda_env.backends.local import TOKEN_VAR
+from coda_env.backends.local import token_pids
 from coda_env.env import CodaEnv
 
 ENV = "coda/KAlgebra-v0"
@@ -33,20 +33,14 @@ HZ = os.sysconf("SC_CLK_TCK")
 # ------------------------------------------------------------------------------------------ CPU accounting
 def token_cpu(token: str) -> dict[int, float]:
     """CPU seconds (own + reaped children) of each live process carrying the desktop's token."""
-    needle = f"{TOKEN_VAR}={token}".encode()
     out = {}
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
+    for e in token_pids(token):
         try:
-            with open(f"/proc/{e}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
             with open(f"/proc/{e}/stat") as f:
                 p = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[int(e)] = sum(int(v) for v in p[11:15]) / HZ
+        out[e] = sum(int(v) for v in p[11:15]) / HZ
     return out
 
 
@@ -57,14 +51,9 @@ def own_cpu() -> float:
 
 def pss_mb(token: str) -> float:
     """PSS of the desktop's processes (shared pages counted once), MB."""
-    needle, total = f"{TOKEN_VAR}={token}".encode(), 0.0
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
+    total = 0.0
+    for e in token_pids(token):
         try:
-            with open(f"/proc/{e}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
             with open(f"/proc/{e}/smaps_rollup") as f:
                 total += sum(float(ln.split()[1]) for ln in f if ln.startswith("Pss:"))
         except OSError:

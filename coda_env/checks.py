@@ -27,7 +27,7 @@ import regex
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .registry import CHECKS, CheckContext, CheckError, CheckType, register_check
+from .registry import CHECKS, CheckContext, CheckError, CheckType, check_fields, register_check
 
 __all__ = ["CheckError", "CheckResult", "Predicate", "compile_predicate", "translate_lambda", "run_checks",
            "validate_check", "get_path", "is_number", "check_tolerance", "same_value"]
@@ -373,14 +373,7 @@ def validate_check(check: Any) -> None:
     if not isinstance(kind, str) or kind not in CHECKS:
         raise CheckError(f"unknown check type {kind!r}; known: {', '.join(sorted(CHECKS))}")
     ct = CHECKS[kind]
-    required, optional = (set(f) for f in ct.fields)
-    missing = required - check.keys()
-    if missing:
-        raise CheckError(f"check {kind!r} lacks {', '.join(sorted(missing))}")
-    if required or optional:
-        extra = check.keys() - required - optional - {"type", "note"}
-        if extra:
-            raise CheckError(f"check {kind!r} has unknown fields {', '.join(sorted(extra))}")
+    check_fields(check, ct.fields, f"check {kind!r}", "type", CheckError)
     ct.validate(check)
 
 

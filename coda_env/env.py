@@ -236,7 +236,7 @@ class CodaEnv(gym.Env):
         t1 = time.monotonic()
         if not reverted:
             # inside the desktop's own folder where it has one (local): removed with it however we end
-            self._home = _temp_folder(f"coda-{self.app_name}-", getattr(self.desktop, "tmpdir", None))
+            self._home = _temp_folder(f"coda-{self.app_name}-", self.desktop.tmpdir)
             files_ops = [op for op in self.task.initialize if SETUP_OPS[op["func"]].phase == "files"]
             open_files: list[str] = []
             for op in files_ops:

@@ -155,6 +155,19 @@ class AppSpec:
     env_kwargs: dict = field(default_factory=dict)     # defaults passed to CodaEnv by gym.make
 
 
+def check_fields(item: dict, fields: tuple, what: str, key: str, error: type[Exception]) -> None:
+    """The fields an item (a check, a setup operation) declares: required present, nothing unknown ("note" and
+    its `key` aside); no declared fields means any."""
+    required, optional = (set(f) for f in fields)
+    missing = required - item.keys()
+    if missing:
+        raise error(f"{what} lacks {', '.join(sorted(missing))}")
+    if required or optional:
+        extra = item.keys() - required - optional - {key, "note"}
+        if extra:
+            raise error(f"{what} has unknown fields {', '.join(sorted(extra))}")
+
+
 APPS: dict[str, AppSpec] = {}
 CHECKS: dict[str, CheckType] = {}
 SETUP_OPS: dict[str, SetupOp] = {}

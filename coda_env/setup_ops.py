@@ -44,18 +44,11 @@ for _op in CORE_OPS:
 
 def validate_op(op: object) -> None:
     """SetupError naming the problem if an `initialize` entry is malformed."""
-    from .registry import SETUP_OPS
+    from .registry import SETUP_OPS, check_fields
     if not isinstance(op, dict) or not isinstance(op.get("func"), str):
         raise SetupError("must be an object with a string 'func'")
     s = SETUP_OPS.get(op["func"])
     if s is None:
         raise SetupError(f"unknown setup operation {op['func']!r}; known: {', '.join(sorted(SETUP_OPS))}")
-    required, optional = (set(f) for f in s.fields)
-    missing = required - op.keys()
-    if missing:
-        raise SetupError(f"operation {op['func']!r} lacks {', '.join(sorted(missing))}")
-    if required or optional:
-        extra = op.keys() - required - optional - {"func", "note"}
-        if extra:
-            raise SetupError(f"operation {op['func']!r} has unknown fields {', '.join(sorted(extra))}")
+    check_fields(op, s.fields, f"operation {op['func']!r}", "func", SetupError)
     s.validate(op)

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from coda_env.backends.local import TOKEN_VAR
+from coda_env.backends.local import token_pids
 
 
 class JSONHandler(BaseHTTPRequestHandler):
@@ -28,21 +27,15 @@ class JSONHandler(BaseHTTPRequestHandler):
 
 def live_token_pids(token: str) -> list[int]:
     """Processes (not zombies) that carry a desktop's token in their environment."""
-    needle = f"{TOKEN_VAR}={token}".encode()
     out = []
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
+    for pid in token_pids(token):
         try:
-            with open(f"/proc/{e}/environ", "rb") as f:
-                if needle not in f.read():
-                    continue
-            with open(f"/proc/{e}/stat") as f:
+            with open(f"/proc/{pid}/stat") as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
         if state not in ("Z", "X"):
-            out.append(int(e))
+            out.append(pid)
     return out
 
 

@@ -45,6 +45,8 @@ class Desktop(Protocol):
     height: int
     capabilities: frozenset[str]
     app_timeout: float                 # how long an app may take to become ready here (a VM: far longer)
+    tmpdir: str | None                 # a folder that lives and dies with this desktop (None: none here):
+                                       # app homes, per-desktop caches, links of fixed name
 
     def start(self) -> None: ...
     def stop(self) -> None: ...

@@ -47,6 +47,7 @@ class FakeDesktop:
     """A desktop in memory (a FAKE): input updates the scripted app's state, the screenshot draws it."""
     capabilities = frozenset()
     app_timeout = 5.0
+    tmpdir = None
 
     def __init__(self, width: int = 1280, height: int = 800, fail_start: bool = False,
                  refuse_keys: Sequence[str] = ()):

@@ -906,8 +906,13 @@ class LocalDesktop:
 
     def pids(self) -> list[int]:
         """Every live process of this desktop (for tests and diagnostics)."""
-        needle = f"{TOKEN_VAR}={self.token}".encode()
-        return [int(e) for e in os.listdir("/proc") if e.isdigit() and _proc_has_token(int(e), needle)]
+        return token_pids(self.token)
+
+
+def token_pids(token: str) -> list[int]:
+    """The processes (zombies included) that carry a desktop's token: what tests and benchmarks measure."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and _proc_has_token(int(e), needle)]
 
 
 def _wait_for_name(address: str, name: str, owner: subprocess.Popen, deadline: float) -> None:

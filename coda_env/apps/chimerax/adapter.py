@@ -129,7 +129,7 @@ class ChimeraX:
                # QtWebEngine (the log, help viewer) refuses to run as root without these
                "QTWEBENGINE_DISABLE_SANDBOX": "1", "QTWEBENGINE_CHROMIUM_FLAGS": "--no-sandbox --disable-gpu",
                # matplotlib's font cache (built at start, ~0.5 s of CPU): kept per desktop (its folder goes with it)
-               "MPLCONFIGDIR": os.path.join(getattr(desktop, "tmpdir", None) or str(h / ".cache"), "mplconfig"),
+               "MPLCONFIGDIR": os.path.join(desktop.tmpdir or str(h / ".cache"), "mplconfig"),
                # no network: anything that honours proxies goes nowhere; the REST server is local
                "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
                "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",

@@ -125,7 +125,7 @@ class Grass:
         """home as GRASS is given it. The Data Catalog shows the database's full path, and home is a fresh
         random folder per reset; through a link of fixed name in the desktop's own folder (which goes with
         the desktop) the screen is the same for every reset of one task (gymnasium's check_env)."""
-        tmp = getattr(desktop, "tmpdir", None)
+        tmp = desktop.tmpdir
         if not tmp:
             return home
         link = os.path.join(tmp, "grass-home")

@@ -62,7 +62,7 @@ class KAlgebra:
         # Caches (Mesa's and Qt's compiled shaders for the 3D view) live with the desktop, not in the fresh
         # HOME: compiled once per desktop instead of every reset (about 0.2 s of CPU each), and removed with
         # the desktop. Only caches: config and data stay fresh per reset, so the start state is unchanged.
-        desktop_tmp = getattr(desktop, "tmpdir", None)   # the local backend's per-desktop folder
+        desktop_tmp = desktop.tmpdir
         if isinstance(desktop_tmp, str):
             env["XDG_CACHE_HOME"] = str(Path(desktop_tmp, "cache-kalgebra"))
         self._proc = desktop.spawn([self.binary], env=env, cwd=str(home), log=str(home / "kalgebra.log"))

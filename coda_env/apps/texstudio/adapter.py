@@ -111,7 +111,7 @@ class TeXstudio:
         """The files as TeXstudio is given them. Its title bar shows the file's full path, and home is a fresh
         random folder per reset; through a link of fixed name in the desktop's own folder (which goes with the
         desktop) the title, and so the screen, is the same for every reset of one task."""
-        tmp = getattr(desktop, "tmpdir", None)
+        tmp = desktop.tmpdir
         self.shown_root = None
         if not tmp or not self.files:
             return list(self.files)

@@ -56,6 +56,7 @@ class LibvirtDesktop(DomainMixin, GuestMixin, InputMixin, ScreenMixin):
     guest agent for commands and files."""
 
     capabilities = frozenset({"snapshots", "a11y"})
+    tmpdir = None                       # the guest's files are not this machine's
     app_timeout = 300.0                 # the config's app_timeout replaces it per desktop
     """What this backend offers beyond the Desktop protocol (the env reads this instead of probing):
     snapshots (`checkpoint`, and `reset` reverting to it) and a11y (`a11y()` reads app state in the guest)."""
