@@ -131,10 +131,12 @@ class A11ySource(Protocol):
 class A11yClient:
     """A connection to the AT-SPI bus of one desktop."""
 
-    def __init__(self, session_address: str, timeout: float = 5.0):
+    def __init__(self, session_address: str | None = None, timeout: float = 5.0, *,
+                 a11y_address: str | None = None):
+        """Either the accessibility bus's own address, or a session bus whose org.a11y.Bus names it."""
         self.timeout = timeout
         try:
-            self._conn = open_dbus_connection(bus_address(session_address))
+            self._conn = open_dbus_connection(a11y_address or bus_address(session_address or ""))
         except Exception as e:
             raise A11yError(f"cannot reach the accessibility bus: {e}") from None
 

@@ -68,7 +68,7 @@ class CodaEnv(gym.Env):
                  action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
                  a11y_tree: bool = False, settle_timeout: float = 2.0, settle_quiet: float = 0.05,
                  ready_timeout: float | None = None, info_timings: bool = False,
-                 backend_options: dict | None = None, judge: Any = None):
+                 backend_options: dict | None = None, sandbox: bool = True, judge: Any = None):
         if judge is not None:
             raise ValueError("judge= is gone: pass the scorer itself, e.g. reward=Judge({...}) (the agent "
                              "package's VLM judge)")
@@ -116,7 +116,9 @@ class CodaEnv(gym.Env):
         self.observation_space = spaces.Dict(obs)
         self.action_space = (Text(max_length=MAX_TEXT, charset=CHARSET) if action_mode == "text"
                              else structured_space(screen))
-        self.desktop = make_desktop(backend, self.width, self.height, **(backend_options or {}))
+        # sandbox: every app sealed (no privileges, no network, its home the only writable place); on the
+        # local backend a machine that cannot make sandboxes refuses here, naming the cause and sandbox=False
+        self.desktop = make_desktop(backend, self.width, self.height, sandbox=sandbox, **(backend_options or {}))
         self.snapshots = "snapshots" in self.desktop.capabilities
         # how long an app may take to start: a VM under software emulation needs far longer than Xvfb
         self.ready_timeout = float(ready_timeout if ready_timeout is not None else self.desktop.app_timeout)

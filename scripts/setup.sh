@@ -3,8 +3,9 @@
 # Idempotent: packages already installed and an up-to-date venv are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# bubblewrap seals every app (its own namespaces, no privileges, no network).
 # libvirt-dev + pkg-config build libvirt-python (the [vm] extra); qemu-utils gives qemu-img for VM images.
-APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core kalgebra grass libgl1-mesa-dri libvirt-dev pkg-config qemu-utils libosmesa6)
+APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core bubblewrap kalgebra grass libgl1-mesa-dri libvirt-dev pkg-config qemu-utils libosmesa6)
 # TeXstudio (coda/TeXstudio-v0): the editor, pdflatex + bibtex, pdftotext for the compile check's text, and the
 # LaTeX packages ScienceBoard's documents use (listings, xcolor, lipsum, enumitem, bussproofs, ...).
 APT_PACKAGES+=(texstudio texlive-latex-base texlive-latex-recommended texlive-latex-extra texlive-science poppler-utils)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from ..actions import Action, ActionError
+from . import sandbox as sb
 from .base import DesktopError, Window, make_temp_dir
 
 if TYPE_CHECKING:
@@ -99,7 +100,33 @@ _BUTTONS = {"left": 1, "middle": 2, "right": 3}
 _BUTTON_NAMES = {v: k for k, v in _BUTTONS.items()}
 # The parts a desktop starts, by their key in `_procs`, and what an error calls them.
 _PARTS = (("xvfb", "the X server (Xvfb)"), ("wm", "the window manager (openbox)"),
-          ("dbus", "the session bus (dbus-daemon)"), ("atspi", "the accessibility bus (at-spi-bus-launcher)"))
+          ("dbus", "the session bus (dbus-daemon)"), ("atspi", "the accessibility bus (its dbus-daemon)"))
+
+# The desktop's two buses, with configurations of our own: sockets in the desktop's private runtime folder
+# (bound read-only into the apps' sandboxes, which run as another user: hence `allow user="*"`; only what
+# can reach the socket file can connect), and no activation on the session bus at all, so that no app can
+# have a service started on its behalf outside its sandbox. The accessibility bus activates only AT-SPI's
+# registry (Debian's accessibility-services folder), as at-spi-bus-launcher's own configuration does.
+_BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>{type}</type>
+  <listen>unix:dir={dir}</listen>
+  <auth>EXTERNAL</auth>
+  {servicedir}
+  <policy context="default">
+    <allow user="*"/>
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"""
+A11Y_SERVICES = "/usr/share/dbus-1/accessibility-services"
+# openbox: Debian's stock look, with nothing that runs a program or hides the app (see _openbox_rc).
+_OPENBOX_MENU = """<?xml version="1.0" encoding="UTF-8"?>
+<openbox_menu xmlns="http://openbox.org/3.4/menu"></openbox_menu>
+"""
 
 
 @dataclass
@@ -115,6 +142,24 @@ class LocalConfig:
     accessibility: bool = True
     start_timeout: float = 10.0
     x_timeout: float = 5.0
+    sandbox: bool = True
+    sandbox_uid: int = sb.SandboxConfig.uid
+
+
+def _openbox_rc(stock: str, menu: str, rules: str) -> str:
+    """Debian's openbox configuration (its theme and layout, so the screen looks as before) without what
+    would let an agent out or away from the app: no key bindings (they run programs, switch desktops, exit),
+    no mouse binding that runs a program, shows the root menu or switches desktops, one desktop, and a menu
+    file of ours that is empty."""
+    text = re.sub(r"<!--.*?-->", "", stock, flags=re.S)
+    text = re.sub(r"<keyboard>.*?</keyboard>", "<keyboard></keyboard>", text, flags=re.S)
+    text = re.sub(r"<mousebind\b[^>]*>(?:(?!</mousebind>).)*?(?:Execute|GoToDesktop|root-menu|Exit|Restart|"
+                  r"SendToDesktop|client-list-combined-menu)(?:(?!</mousebind>).)*</mousebind>", "", text, flags=re.S)
+    text = re.sub(r"^<menu>.*?^</menu>", f"<menu><file>{menu}</file></menu>", text, count=1, flags=re.S | re.M)
+    text = re.sub(r"<number>\d+</number>", "<number>1</number>", text, count=1)
+    if "<applications>" not in text:
+        text = text.replace("</openbox_config>", "<applications></applications></openbox_config>")
+    return text.replace("</applications>", rules + "</applications>", 1)
 
 
 def _proc_has_token(pid: int, token: bytes) -> bool:
@@ -295,6 +340,13 @@ class LocalDesktop:
 
     def __init__(self, config: LocalConfig | None = None):
         self.config = config or LocalConfig()
+        self.sandbox = sb.SandboxConfig(enabled=self.config.sandbox, uid=self.config.sandbox_uid)
+        if self.sandbox.enabled:
+            why = sb.probe(self.sandbox.uid)
+            if why is not None:
+                raise DesktopError(f"apps cannot run sealed on this machine: {why}")
+        self._sealed: list[tuple[subprocess.Popen, str]] = []  # (bwrap process, home) of each sealed app
+        self._handed: set[str] = set()       # folders given to the sandboxes' user
         self.width, self.height = self.config.width, self.config.height
         self.token = uuid.uuid4().hex
         self.display: int | None = None
@@ -401,65 +453,89 @@ class LocalDesktop:
             os.close(r)
         self.display = int(buf.strip())
 
-    def _start_dbus(self, env: dict[str, str], deadline: float) -> None:
-        p = self._popen("dbus", ["dbus-daemon", "--session", "--nofork", "--print-address=1"], env,
-                        group=self._pgids[0], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    def _bus(self, name: str, kind: str, servicedir: str, env: dict[str, str], deadline: float) -> str:
+        """Start one dbus-daemon of ours (see _BUS_CONFIG); its address."""
+        folder = Path(self._tmp, "runtime", name)
+        folder.mkdir(mode=0o700)
+        conf = Path(self._tmp, f"{name}.conf")
+        conf.write_text(_BUS_CONFIG.format(type=kind, dir=folder,
+                                           servicedir=f"<servicedir>{servicedir}</servicedir>" if servicedir else ""))
+        key = "dbus" if name == "session" else "atspi"
+        # umask 0: the socket must be connectable by the sandboxes' user (the folder keeps others out)
+        p = self._popen(key, ["dbus-daemon", f"--config-file={conf}", "--nofork", "--print-address=1"], env,
+                        group=self._pgids[0], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, umask=0)
         ready = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]
         line = p.stdout.readline().decode().strip() if ready else ""
         if not line:
-            raise DesktopError("dbus-daemon did not print its address")
+            raise DesktopError(f"dbus-daemon ({name} bus) did not print its address")
+        return line
+
+    def bus_sockets(self) -> list[str]:
+        """The socket files of this desktop's buses (bound read-only into sandboxes)."""
+        out = []
+        for key in ("DBUS_SESSION_BUS_ADDRESS", "AT_SPI_BUS_ADDRESS"):
+            m = re.search(r"unix:path=([^,;]+)", self.env.get(key, ""))
+            if m:
+                out.append(m.group(1))
+        return out
+
+    def _start_dbus(self, env: dict[str, str], deadline: float) -> None:
+        line = self._bus("session", "session", "", env, deadline)
         env["DBUS_SESSION_BUS_ADDRESS"] = line
         env["QT_LINUX_ACCESSIBILITY_ALWAYS_ON"] = "1"
         env["QT_ACCESSIBILITY"] = "1"
         env["GTK_MODULES"] = "gail:atk-bridge"
-        with open(Path(self._tmp, "atspi.log"), "wb") as log:
-            launcher = self._popen("atspi", ["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"], env,
-                                   group=self._pgids[0], stdout=log, stderr=log)
-        from ..a11y import A11yClient, enable_accessibility
-        # Ask org.a11y.Bus nothing before our launcher owns it: such a call makes the session bus activate a
-        # second launcher, and the one that loses the race for the name exits (ours, as often as not).
-        _wait_for_name(line, "org.a11y.Bus", launcher, deadline)
+        a11y = self._bus("a11y", "accessibility", A11Y_SERVICES, env, deadline)
+        env["AT_SPI_BUS_ADDRESS"] = a11y
+        # Toolkits that find the bus address on the root window (and AT-SPI's registry, activated
+        # below) connect at once and deterministically
+        # (Qt reads AT_SPI_BUS before it asks the session bus; GTK's atk-bridge reads AT_SPI_BUS_ADDRESS).
+        from Xlib import Xatom
+        root = self._xlib.screen().root
+        root.change_property(self._xlib.intern_atom("AT_SPI_BUS"), Xatom.STRING, 8, a11y.encode())
+        self._xlib.sync()
+        from ..a11y import A11yClient
         while True:
             try:
-                enable_accessibility(line)
                 # Activate the registry now: a toolkit that starts while registryd is still being
                 # activated may never register its application.
-                client = A11yClient(line)
+                client = A11yClient(a11y_address=a11y)
                 client.applications()
                 client.close()
                 break
-            except Exception as e:  # the launcher has not claimed org.a11y.Bus yet
+            except Exception as e:  # the registry is not up yet
                 if time.monotonic() > deadline:
                     raise DesktopError(f"the AT-SPI bus did not come up: {e}") from None
                 time.sleep(0.01)
-        children = _children(launcher.pid)
-        self._a11y_bus = children[0] if children else None
+        self._a11y_bus = self._procs["atspi"].pid
 
-        # Toolkits that find the bus address on the root window connect at once and deterministically
-        # (Qt reads AT_SPI_BUS before it asks the session bus; that path also works as root).
-        from Xlib import Xatom
-        from ..a11y import bus_address
-        root = self._xlib.screen().root
-        root.change_property(self._xlib.intern_atom("AT_SPI_BUS"), Xatom.STRING, 8,
-                             bus_address(line).encode())
-        self._xlib.sync()
 
     def _start_wm(self, deadline: float) -> None:
-        rc = Path("/etc/xdg/openbox/rc.xml")
-        text = rc.read_text() if rc.exists() else '<openbox_config xmlns="http://openbox.org/3.4/rc"><applications></applications></openbox_config>'
-        if self.config.maximize_windows:
-            rule = '<application type="normal"><maximized>true</maximized><focus>yes</focus></application>'
-            text = re.sub(r"</applications>", rule + "</applications>", text, count=1)
+        rules = ('<application type="normal"><maximized>true</maximized><focus>yes</focus></application>'
+                 if self.config.maximize_windows else "")
+        menu = Path(self._tmp, "openbox-menu.xml")
+        menu.write_text(_OPENBOX_MENU)
         cfg = Path(self._tmp, "openbox-rc.xml")
-        cfg.write_text(text)
-        self._popen("wm", ["openbox", "--sm-disable", "--config-file", str(cfg)], self.env,
-                    group=self._pgids[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stock = Path("/etc/xdg/openbox/rc.xml")
+        text = stock.read_text() if stock.exists() else '<openbox_config xmlns="http://openbox.org/3.4/rc"></openbox_config>'
+        cfg.write_text(_openbox_rc(text, str(menu), rules))
+        argv = ["openbox", "--sm-disable", "--config-file", str(cfg)]
+        env = {k: v for k, v in self.env.items() if k in ("DISPLAY", TOKEN_VAR, "PATH")}
+        if self.sandbox.enabled:  # the window manager runs sealed too: it needs only the display
+            env = sb.sandbox_env(self.sandbox, self.env, {TOKEN_VAR: self.token, "HOME": "/tmp"}, None)
+            argv = sb.wrap_argv(argv, self.sandbox, writable=(), ro_binds=[self.x_socket(), str(cfg), str(menu)],
+                                env=env, cwd="/")
+            env = {"PATH": sb.SAFE_PATH, TOKEN_VAR: self.token}
+        self._popen("wm", argv, env, group=self._pgids[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         atom = self._xlib.intern_atom("_NET_SUPPORTING_WM_CHECK")
         root = self._xlib.screen().root
         while root.get_full_property(atom, 0) is None:
             if time.monotonic() > deadline or self._procs["wm"].poll() is not None:
                 raise DesktopError("the window manager (openbox) did not start")
             time.sleep(0.005)
+
+    def x_socket(self) -> str:
+        return f"/tmp/.X11-unix/X{self.display}"
 
     def _connect(self) -> None:
         from Xlib import display as xdisplay
@@ -503,6 +579,8 @@ class LocalDesktop:
                 pass
         self._procs.clear()
         self._pgids.clear()
+        self._sealed.clear()
+        self._handed.clear()
         self._watchdog = None
         self._tmp = None
         self.display = None
@@ -840,17 +918,51 @@ class LocalDesktop:
     # ---------------------------------------------------------------- processes and files
     def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
               log: str | None = None) -> subprocess.Popen:
+        """Start an app. Sealed (the default; see backends/sandbox.py): its HOME, which must be a folder in
+        this desktop's folder, is the only place it can write, and it sees nothing else of this machine."""
         self._check()
-        full = dict(self.env)
-        full.update(env or {})
         out = open(log, "ab") if log else subprocess.DEVNULL
         try:
-            p = self._popen(f"app-{len(self._procs)}", argv, full, group=0, cwd=cwd, stdout=out,
-                            stderr=subprocess.STDOUT)
+            if not self.sandbox.enabled:
+                full = dict(self.env)
+                full.update(env or {})
+                p = self._popen(f"app-{len(self._procs)}", argv, full, group=0, cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT)
+            else:
+                home = (env or {}).get("HOME")
+                if not home or not self._inside(home):
+                    raise DesktopError(f"a sealed app needs its HOME in this desktop's folder {self._tmp} "
+                                       f"(got {home!r})")
+                wrapped, outer = self._seal(argv, [home], {**(env or {}), TOKEN_VAR: self.token}, cwd or home)
+                p = self._popen(f"app-{len(self._procs)}", wrapped, outer, group=0, stdout=out,
+                                stderr=subprocess.STDOUT)
+                self._sealed.append((p, home))
         finally:
             if log:
                 out.close()
         return p
+
+    def _inside(self, path: str) -> bool:
+        return bool(self._tmp) and os.path.realpath(path).startswith(os.path.realpath(self._tmp) + os.sep)
+
+    def _seal(self, argv: Sequence[str], writable: Sequence[str], env: dict[str, str],
+              cwd: str) -> tuple[list[str], dict[str, str]]:
+        """(bwrap command line, the environment of bwrap itself) for a sealed program."""
+        if writable:
+            os.makedirs(os.path.join(writable[0], sb.RUNTIME), mode=0o700, exist_ok=True)
+        sb.hand_over(writable, self.sandbox.uid)
+        self._handed.update(os.path.realpath(w) for w in writable)
+        full = sb.sandbox_env(self.sandbox, self.env, env, writable[0] if writable else None)
+        links = {}
+        if self._tmp:  # the desktop's links of fixed name into a home (stable paths on screen) work inside
+            for entry in os.scandir(self._tmp):
+                if entry.is_symlink():
+                    target = os.readlink(entry.path)
+                    if any(target == w or target.startswith(w + os.sep) for w in writable):
+                        links[entry.path] = target
+        ro = [self.x_socket(), *self.bus_sockets()]
+        wrapped = sb.wrap_argv(argv, self.sandbox, writable=writable, ro_binds=ro, env=full, cwd=cwd, links=links)
+        return wrapped, {"PATH": sb.SAFE_PATH, TOKEN_VAR: self.token}
 
     def kill_group(self, proc: subprocess.Popen) -> None:
         try:
@@ -863,40 +975,71 @@ class LocalDesktop:
             pass
         if proc.pid in self._pgids:
             self._pgids.remove(proc.pid)
+        self._sealed = [(p, h) for p, h in self._sealed if p is not proc]
         for name, p in list(self._procs.items()):
             if p is proc:
                 del self._procs[name]
 
-    def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+    def run(self, argv: Sequence[str], timeout: float = 30.0, *,
+            writable: Sequence[str] | None = None) -> subprocess.CompletedProcess:
+        """Run a command to completion. With `writable` (folders in this desktop's folder), it runs sealed as
+        an app does, able to write only there (checks that run programs on what the agent made)."""
         self._check()
-        return subprocess.run(list(argv), env=self.env, capture_output=True, timeout=timeout)
+        if writable is None or not self.sandbox.enabled:
+            return subprocess.run(list(argv), env=self.env, capture_output=True, timeout=timeout)
+        bad = [w for w in writable if not self._inside(w)]
+        if bad:
+            raise DesktopError(f"a sealed command may write only in this desktop's folder, not {bad[0]!r}")
+        wrapped, outer = self._seal(argv, list(writable), {TOKEN_VAR: self.token},
+                                    writable[0] if writable else "/")
+        return subprocess.run(wrapped, env=outer, capture_output=True, timeout=timeout,
+                              start_new_session=True)
 
     def a11y(self) -> "A11yClient":
         """A connection to this desktop's AT-SPI bus (the caller closes it)."""
         from ..a11y import A11yClient
-        address = self.env.get("DBUS_SESSION_BUS_ADDRESS")
+        address = self.env.get("AT_SPI_BUS_ADDRESS")
         if not address:
             raise DesktopError("this desktop is not started: it has no accessibility bus yet")
-        return A11yClient(address)
+        return A11yClient(a11y_address=address)
 
     def read_file(self, path: str) -> bytes:
         return Path(path).read_bytes()
 
     def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
-        """GET http://127.0.0.1:port/path (an app's own server on this machine)."""
+        """GET http://127.0.0.1:port/path (an app's own server on this machine). A sealed app has a network
+        namespace of its own: the request is made from inside it (setns on a thread of ours; needs root)."""
         import urllib.error
         import urllib.request
         if not (isinstance(port, int) and 0 < port < 65536) or not path.startswith("/"):
             raise ValueError(f"bad local URL port {port!r} path {path!r}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-                return r.read()
-        except (urllib.error.URLError, OSError) as e:
-            raise DesktopError(f"GET http://127.0.0.1:{port}{path} failed: {e}") from None
+        url = f"http://127.0.0.1:{port}{path}"
+        live = [p for p, _ in self._sealed if p.poll() is None]
+        if not live:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as r:
+                    return r.read()
+            except (urllib.error.URLError, OSError) as e:
+                raise DesktopError(f"GET {url} failed: {e}") from None
+        errors = []
+        for p in reversed(live):
+            try:
+                return sb.http_get_in_netns(p.pid, port, path, timeout)
+            except OSError as e:
+                errors.append(str(e))
+        raise DesktopError(f"GET {url} failed inside the apps' sandboxes: {'; '.join(errors)}")
 
     def write_file(self, path: str, data: bytes) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_bytes(data)
+        real = Path(os.path.realpath(path))
+        for top in self._handed:  # a file set up in a sealed app's home belongs to the app's user
+            if str(real).startswith(top + os.sep):
+                for p in [real, *real.parents]:
+                    if not str(p).startswith(top + os.sep):
+                        break
+                    sb.hand_over_one(str(p), self.sandbox.uid)
+                break
 
     @property
     def tmpdir(self) -> str | None:

@@ -8,11 +8,12 @@ Two sources of state, because GRASS keeps two kinds:
   opacity; the displayed region and scale; the status-bar mode; toolbars; open windows; console output) is
   read from inside the GUI process. Choice: a small state server (`guistate.py`) that Python's per-user
   start-up hook (`usercustomize`, found in the user site folder of the env's own HOME) starts inside
-  `wxgui.py` only. It answers JSON over a unix socket in the desktop's private runtime folder (mode 0600),
-  reads wx objects on the GUI thread, and writes nothing. No GRASS file is changed; the agent acts only
-  through the screen, keyboard and mouse, and has no way to send to the socket. (The GUI's own console
-  runs programs as the user, as GRASS's does anywhere; its Python tab is hidden through GRASS's own
-  preference `manager.hideTabs.pyshell`.)
+  `wxgui.py` only. It reads wx objects on the GUI thread and writes nothing. The channel cannot be taken
+  over: the env listens, the GUI connects once at start (before any agent acts), and the env keeps that one
+  connection (checked to come from the GUI process) and closes its socket; requests carry ids. The GUI's
+  console runs programs, but inside the app's sandbox (backends/sandbox.py), and nothing it starts can
+  replace the GUI on that connection. Its Python tab is hidden (GRASS's `manager.hideTabs.pyshell`) and
+  the Simple Python Editor's menu items are removed (`guistate._no_python_editor`).
 
 AT-SPI sees only the menus and toolbars of wxGTK (the layer and data trees are custom-drawn), so
 `a11y_text` joins those with the Layer Manager's layers as the GUI lays them out (names and boxes from the
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import time
 import uuid
@@ -75,6 +77,10 @@ class Grass:
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
         self._sock: str | None = None
+        self._listener: socket.socket | None = None
+        self._conn: socket.socket | None = None     # the one connection from the GUI's state server
+        self._buf = b""
+        self._serial = 0
         self.home: str | None = None
         # set by the `location` setup op (files phase) before launch; default: the coda database
         self.location_source: tuple[str, str, str] | None = None   # (source GISDBASE, location, mapset)
@@ -110,8 +116,13 @@ class Grass:
         # no GTK transitions: a checkbox caught mid-animation made two identical resets' screens differ
         desktop.write_file(str(Path(home, ".config", "gtk-3.0", "settings.ini")),
                            b"[Settings]\ngtk-enable-animations=0\n")
-        runtime = getattr(desktop, "env", {}).get("XDG_RUNTIME_DIR") or home
-        self._sock = os.path.join(runtime, f"coda-grass-{uuid.uuid4().hex[:12]}.sock")
+        self._disconnect()
+        self._sock = os.path.join(home, f".coda-grass-{uuid.uuid4().hex[:12]}.sock")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self._sock)
+        os.chmod(self._sock, 0o666)     # the app's (unprivileged) user connects to it
+        self._listener.listen(1)
+        self._listener.setblocking(False)
         env = {**data.grass_env(home), SOCKET_ENV: self._sock, "XDG_CONFIG_HOME": str(Path(home, ".config")),
                "XDG_CACHE_HOME": str(Path(home, ".cache")), "NO_AT_BRIDGE": "0"}
         mapset = str(Path(self._stable_root(desktop, home), os.path.relpath(self.gisdbase, home), self.location,
@@ -134,12 +145,49 @@ class Grass:
         return link
 
     def close(self) -> None:
+        self._disconnect()
+        self._proc = None
+
+    def _disconnect(self) -> None:
+        for s in (self._conn, self._listener):
+            if s is not None:
+                s.close()
+        self._conn = self._listener = None
+        self._buf = b""
         if self._sock:
             try:
                 os.unlink(self._sock)
             except OSError:
                 pass
-        self._proc = None
+
+    def _accept(self) -> bool:
+        """Take the GUI's connection if it has come (only a process of the GUI: its command line runs
+        wxgui.py), then close the socket for good. False while it has not come."""
+        if self._conn is not None:
+            return True
+        if self._listener is None:
+            raise AppError("GRASS is not launched")
+        try:
+            conn, _ = self._listener.accept()
+        except BlockingIOError:
+            return False
+        pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        if b"wxgui.py" not in cmdline:
+            conn.close()
+            raise AppError(f"the GRASS state socket was reached by a process that is not GRASS's GUI (pid {pid})")
+        conn.setblocking(True)
+        self._conn = conn
+        self._listener.close()
+        self._listener = None
+        try:
+            os.unlink(self._sock or "")
+        except OSError:
+            pass
+        return True
 
     def _alive(self) -> None:
         if self._proc is not None and self._proc.poll() is not None:
@@ -152,23 +200,30 @@ class Grass:
             raise AppError(f"GRASS exited with code {self._proc.returncode}; its log ends: {log}")
 
     def request(self, req: dict, timeout: float = 10.0) -> dict:
-        """One request to the state server inside the GUI (see guistate.py)."""
-        if not self._sock:
-            raise AppError("GRASS is not launched")
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(timeout)
-        try:
-            s.connect(self._sock)
-            s.sendall((json.dumps(req) + "\n").encode())
-            buf = b""
-            while not buf.endswith(b"\n"):
-                chunk = s.recv(1 << 20)
+        """One request to the state server inside the GUI (see guistate.py), on its one connection. A reply
+        that comes after its request timed out is recognised by its id and dropped."""
+        if not self._accept():
+            raise AppError("GRASS's GUI has not connected its state server yet")
+        self._serial += 1
+        serial = self._serial
+        conn = self._conn
+        conn.settimeout(timeout)
+        deadline = time.monotonic() + timeout
+        conn.sendall((json.dumps({**req, "id": serial}) + "\n").encode())
+        while True:
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout(f"GRASS's state server did not answer {req.get('op')!r} within {timeout}s")
+                conn.settimeout(left)
+                chunk = conn.recv(1 << 20)
                 if not chunk:
-                    break
-                buf += chunk
-        finally:
-            s.close()
-        reply = json.loads(buf)
+                    raise ConnectionError("GRASS's state server closed its connection")
+                self._buf += chunk
+            line, self._buf = self._buf.split(b"\n", 1)
+            reply = json.loads(line)
+            if reply.get("id") == serial:
+                break
         if not reply.get("ok"):
             raise AppError(f"GRASS GUI state server: {reply.get('error')}")
         return reply

@@ -4,8 +4,10 @@ The adapter copies this file and a one-line `usercustomize.py` into the user sit
 HOME; Python imports `usercustomize` at start-up in every process of that HOME, and `install()` acts only in
 the wxGUI's main program (`wxgui.py`). No GRASS file is changed, and GRASS knows nothing of it.
 
-It listens on the unix socket named by $CODA_GRASS_STATE_SOCKET (in the env's private runtime folder, mode
-0600). A request is one JSON line, the reply one JSON line:
+It connects once, at start, to the unix socket named by $CODA_GRASS_STATE_SOCKET, where the env listens; the
+env takes that one connection and closes its socket, so a program the agent starts later (GRASS's console
+runs programs) cannot take the GUI's place or listen in. A request is one JSON line with an "id", the reply
+one JSON line with the same "id":
   {"op": "ping"}                           -> {"ok": true, "ready": bool}  (ready: both windows shown)
   {"op": "state"}                          -> {"ok": true, "state": {...}}  (see `_state`)
   {"op": "add_layer", "cmd": ["d.rast", "map=elevation"]}  set-up only: a d.rast/d.vect layer, as the
@@ -25,11 +27,47 @@ MAX_OUTPUT = 20000
 
 
 def install():
-    path = os.environ.get("CODA_GRASS_STATE_SOCKET")
-    if not path or not sys.argv or not sys.argv[0].endswith("wxgui.py"):
+    if not sys.argv or not sys.argv[0].endswith("wxgui.py"):
+        return
+    path = os.environ.pop("CODA_GRASS_STATE_SOCKET", None)   # the GUI's children (its console) never see it
+    if not path:
         return
     _fast_find_library()
+    _no_python_editor()
     threading.Thread(target=_serve, args=(path,), name="coda-grass-state", daemon=True).start()
+
+
+_EDITOR_MODULES = ("main_window.frame", "lmgr.frame")
+
+
+def _no_python_editor():
+    """No task needs GRASS's Simple Python Editor (it runs Python code): its menu item and toolbar button
+    do nothing. The GUI's frame classes are patched as their modules are imported, before any frame is made
+    (their menus bind the handler when built)."""
+    import importlib.abc
+    import importlib.machinery
+
+    def refuse(self, event=None):
+        return None
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name not in _EDITOR_MODULES:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            real = spec.loader.exec_module
+
+            def exec_module(module):
+                real(module)
+                for cls in vars(module).values():
+                    if isinstance(cls, type) and "OnSimpleEditor" in vars(cls):
+                        cls.OnSimpleEditor = refuse
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, Finder())
 
 
 def _fast_find_library():
@@ -53,59 +91,44 @@ def _fast_find_library():
 
 
 def _serve(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        srv.bind(path)
-    finally:
-        os.umask(old)
-    srv.listen(8)
+    """Connect once to the env's socket (at start, before any agent acts: the env takes that one connection
+    and then closes its socket, so nothing started later can take the GUI's place) and answer on it."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    reader = conn.makefile("rb")
     while True:
-        conn, _ = srv.accept()
-        try:
-            _handle(conn)
-        except Exception as e:  # one bad request must not end the server
-            try:
-                conn.sendall((json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"}) + "\n").encode())
-            except OSError:
-                pass
-        finally:
-            conn.close()
-
-
-def _handle(conn):
-    conn.settimeout(10)
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
+        line = reader.readline(200000)
+        if not line:
             return
-        buf += chunk
-        if len(buf) > 100000:
-            raise ValueError("request too long")
-    req = json.loads(buf)
+        req = {}
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError("a request is a JSON object")
+            reply = _handle(req)
+        except Exception as e:  # one bad request must not end the server
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        reply["id"] = req.get("id") if isinstance(req, dict) else None
+        conn.sendall((json.dumps(reply, default=str) + "\n").encode())
+
+
+def _handle(req):
     op = req.get("op")
     if op == "ping":
-        reply = _on_gui(_ping)
-    elif op == "state":
+        return _on_gui(_ping)
+    if op == "state":
         state = _on_gui(_state)
         state["computational_region"] = _comp_region()
-        reply = {"ok": True, "state": state}
-    elif op == "set_scale":
-        reply = _on_gui(lambda: _set_scale(req.get("scale")))
-    elif op == "close_splash":
-        reply = _on_gui(_close_splash)
-    elif op == "layer_boxes":
-        reply = {"ok": True, "layers": _on_gui(_layer_boxes)}
-    elif op == "add_layer":
-        reply = _on_gui(lambda: _add_layer(req.get("map"), req.get("cmd")))
-    else:
-        reply = {"ok": False, "error": f"unknown op {op!r}"}
-    conn.sendall((json.dumps(reply, default=str) + "\n").encode())
+        return {"ok": True, "state": state}
+    if op == "set_scale":
+        return _on_gui(lambda: _set_scale(req.get("scale")))
+    if op == "close_splash":
+        return _on_gui(_close_splash)
+    if op == "layer_boxes":
+        return {"ok": True, "layers": _on_gui(_layer_boxes)}
+    if op == "add_layer":
+        return _on_gui(lambda: _add_layer(req.get("map"), req.get("cmd")))
+    return {"ok": False, "error": f"unknown op {op!r}"}
 
 
 def _on_gui(fn, timeout=8.0):

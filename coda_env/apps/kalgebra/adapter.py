@@ -59,12 +59,8 @@ class KAlgebra:
                # settled screenshot could still show an empty console). The 3D Graph is a plain OpenGL
                # widget and is unaffected.
                "QT_QUICK_BACKEND": "software"}
-        # Caches (Mesa's and Qt's compiled shaders for the 3D view) live with the desktop, not in the fresh
-        # HOME: compiled once per desktop instead of every reset (about 0.2 s of CPU each), and removed with
-        # the desktop. Only caches: config and data stay fresh per reset, so the start state is unchanged.
-        desktop_tmp = desktop.tmpdir
-        if isinstance(desktop_tmp, str):
-            env["XDG_CACHE_HOME"] = str(Path(desktop_tmp, "cache-kalgebra"))
+        # Caches (Mesa's and Qt's compiled shaders) stay in the fresh HOME: a sealed app writes nowhere else, so
+        # no episode can leave anything for the next one.
         self._proc = desktop.spawn([self.binary], env=env, cwd=str(home), log=str(home / "kalgebra.log"))
         return self._proc
 
