@@ -537,8 +537,9 @@ def test_guest_a11y_parses_the_readers_output(monkeypatch, desktop):
     monkeypatch.setattr(desktop, "run", run)
     source = desktop.a11y()
     tree = source.app_tree("kalgebra", skip_roles=frozenset({"menu bar", "combo box"}), texts=True)
-    assert sent[0] == ["python3", lvb.GUEST_A11Y, "tree", "unix:path=/run/coda/bus", "kalgebra",
-                       "--skip", "combo box", "--skip", "menu bar", "--texts"]
+    # the reader's whole text travels with the call, run isolated by the system's python3: no file in the guest
+    assert sent[0] == ["/usr/bin/python3", "-I", "-c", lvb.A11Y_SOURCE, "tree", "unix:path=/run/coda/bus",
+                       "kalgebra", "--skip", "combo box", "--skip", "menu bar", "--texts"]
     tab = tree.first("page tab")
     assert source.states(tab) == {"selected"} and source.extents(tab) == (1, 2, 30, 40)
     assert source.app_tree("kalgebra") is None
@@ -688,6 +689,8 @@ def test_real_vm_round_trip():
             d.read_file("/tmp/coda/marker")  # the revert took the disk back too
         assert after.poll() is not None
         assert d.a11y().app_tree("no-such-app") is None  # the guest's AT-SPI bus answers after a revert
+        with pytest.raises(FileNotFoundError):
+            d.read_file("/run/coda/a11y.py")  # the reader is sent with each call: no copy in the guest
     finally:
         d.stop()
 
@@ -947,15 +950,16 @@ def test_env_on_libvirt_backend_reaches_the_guest(base, conn):
 class _OSWorldStandIn:
     """A stand-in for the OSWorld server that ScienceBoard's VM image runs on port 5000 (named as such: that
     image cannot be downloaded here). It serves the four endpoints the transport uses, as that server's
-    source defines them, and runs the commands on this machine, in a scratch folder's world."""
+    source defines them, and runs the commands on this machine, in a scratch folder's world, with `env` (the
+    server's session environment; None: this process's)."""
 
-    def __init__(self):
+    def __init__(self, env: dict[str, str] | None = None):
         import threading
         from email.parser import BytesParser
         from http.server import ThreadingHTTPServer
 
         from .conftest import JSONHandler
-        seen = self.seen = []
+        seen, commands = self.seen, self.commands = [], []
 
         def form(handler) -> dict:
             length = int(handler.headers.get("Content-Length", 0))
@@ -978,9 +982,10 @@ class _OSWorldStandIn:
                 seen.append(self.path)
                 if self.path == "/execute":
                     data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                    commands.append(data["command"])
                     try:
                         r = subprocess.run(data["command"], shell=data.get("shell", False), capture_output=True,
-                                           text=True, timeout=300)
+                                           text=True, timeout=300, env=env)
                     except Exception as e:
                         return self._send(500, {"status": "error", "message": str(e)})
                     return self._send(200, {"status": "success", "output": r.stdout, "error": r.stderr,
@@ -1085,9 +1090,10 @@ class socket_port:
 
 class _HostGuestAgent:
     """A stand-in for the QEMU guest agent (named as such: libvirt's test driver has none). It answers
-    `guest-exec` and `guest-exec-status` as qemu-ga does, running the command on this machine (whose Debian 12
-    python3 is the image's), and hands every other call to libvirt_qemu; so `run`, and `http_get` on top of
-    it, go through the backend's real agent code, and the request script really runs."""
+    `guest-ping`, `guest-exec` and `guest-exec-status` as qemu-ga does, running the command on this machine
+    (whose Debian 12 python3 is the image's), records every command's name, and hands every other call
+    (`guest-file-*`) to libvirt_qemu; so `run`, and `http_get` on top of it, go through the backend's real
+    agent code, and the request script really runs."""
 
     class Refusal(libvirt.libvirtError):
         def __init__(self, message):  # libvirtError's own __init__ would take libvirt's last error instead
@@ -1095,7 +1101,7 @@ class _HostGuestAgent:
             self.err = None
 
     def __init__(self, lvq):
-        self._lvq, self.execs, self._procs = lvq, [], {}
+        self._lvq, self.execs, self.commands, self._procs = lvq, [], [], {}
 
     def __getattr__(self, name):
         return getattr(self._lvq, name)
@@ -1105,6 +1111,9 @@ class _HostGuestAgent:
         import tempfile
         cmd = json.loads(text)
         args = cmd.get("arguments", {})
+        self.commands.append(cmd["execute"])
+        if cmd["execute"] == "guest-ping":
+            return json.dumps({"return": {}})
         if cmd["execute"] == "guest-exec":
             argv = [args["path"], *args.get("arg", [])]
             self.execs.append(argv)
@@ -1186,7 +1195,8 @@ def test_http_get_runs_a_fixed_program_through_the_guest_agent(desktop, agent, r
     assert desktop.http_get(rest.port, path) == b"\x00\xffGET " + path.encode()
     assert rest.seen == [path]
     # the program and its script are fixed; the URL is only ever an argument of it
-    assert agent.execs[-1] == ["python3", "-c", lvb.HTTP_GET_SCRIPT, f"http://127.0.0.1:{rest.port}{path}", "10.0"]
+    assert agent.execs[-1] == ["/usr/bin/python3", "-I", "-c", lvb.HTTP_GET_SCRIPT,
+                               f"http://127.0.0.1:{rest.port}{path}", "10.0"]
 
 
 def test_http_get_failures_are_guest_http_errors(desktop, agent, rest, monkeypatch):
@@ -1204,8 +1214,8 @@ def test_http_get_failures_are_guest_http_errors(desktop, agent, rest, monkeypat
         with pytest.raises(lvb.GuestHttpError, match=r"no reply within 1 s"):
             desktop.http_get(silent.getsockname()[1], "/", timeout=1.0)
         assert time.monotonic() - t0 < 10
-    monkeypatch.setitem(desktop.config.guest_env, "PATH", "/nonexistent")
-    with pytest.raises(lvb.GuestHttpError, match="the guest image has no python3"):
+    monkeypatch.setattr(desktop.config, "guest_python", "/nonexistent/python3")
+    with pytest.raises(lvb.GuestHttpError, match="the guest image has no /nonexistent/python3"):
         desktop.http_get(rest.port, "/")
     assert isinstance(lvb.GuestHttpError("x"), DesktopError)
 
@@ -1239,3 +1249,176 @@ def test_http_get_over_the_http_transport(base, osworld, rest):
             d.http_get(rest.port, "/missing")
     finally:
         d.stop()
+
+
+# ------------------------------------------------------------------- the readers travel with each call
+
+
+def test_readers_are_sent_whole_and_fit_one_argument():
+    """The a11y reader sent to the guest is the host's coda_env/a11y.py, as one argument of `python3 -I -c`,
+    well under Linux's limit on one argument (the transports have none lower)."""
+    from coda_env import a11y
+    assert lvb.A11Y_SOURCE == Path(a11y.__file__).read_text(encoding="utf-8")
+    for source in (lvb.A11Y_SOURCE, lvb.HTTP_GET_SCRIPT):
+        assert len(source.encode()) < lvb.MAX_ARG_STRLEN // 4
+        assert lvb.reader_argv("/usr/bin/python3", source, ["apps", 5]) == ["/usr/bin/python3", "-I", "-c", source,
+                                                                          "apps", "5"]
+    with pytest.raises(ValueError, match="over the 131072-byte limit of one argument"):
+        lvb.reader_argv("/usr/bin/python3", "#" * lvb.MAX_ARG_STRLEN, [])
+    assert lvb.LibvirtConfig().guest_python == lvb.GUEST_PYTHON == "/usr/bin/python3"  # not looked up on PATH
+
+
+@pytest.fixture
+def guest_bus(tmp_path):
+    """A session bus with AT-SPI's bus on it, started as the image's xinitrc starts them (no X server: none is
+    needed to list the bus's applications): the bus that the readers, run through the stand-in transports,
+    read. Everything it starts carries a token in its environment, by which the fixture ends it."""
+    import selectors
+    import shutil
+    launcher = "/usr/libexec/at-spi-bus-launcher"
+    if shutil.which("dbus-daemon") is None or not os.access(launcher, os.X_OK):
+        pytest.skip("needs dbus-daemon and at-spi-bus-launcher (Debian's dbus and at-spi2-core: `make setup`)")
+    mark = uuid.uuid4().hex
+    token = f"CODA_TEST_GUEST_BUS={mark}".encode()
+    home = tmp_path / "bus-home"
+    home.mkdir()
+    env = {"PATH": lvb.GUEST_PATH, "HOME": str(home), "LANG": "C.UTF-8", "CODA_TEST_GUEST_BUS": mark}
+
+    def ours() -> list[int]:
+        pids = []
+        for e in os.listdir("/proc"):
+            try:
+                if e.isdigit() and token in Path(f"/proc/{e}/environ").read_bytes():
+                    pids.append(int(e))
+            except OSError:
+                pass
+        return pids
+    procs = [subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)]
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(procs[0].stdout, selectors.EVENT_READ)
+            if not sel.select(timeout=30):
+                pytest.fail("dbus-daemon printed no address within 30 s")
+        address = procs[0].stdout.readline().decode().strip()
+        assert address.startswith("unix:"), address
+        procs.append(subprocess.Popen([launcher, "--launch-immediately"], env={**env, "DBUS_SESSION_BUS_ADDRESS":
+                                      address}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))
+        yield address
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # the launcher's bus and the registry it activated too
+            for pid in ours():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            for p in procs:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            if wait_until(lambda: not ours(), timeout=5):
+                break
+        procs[0].stdout.close()
+        assert not ours()
+
+
+FORGED_TREE = '{"bus":":1.9","path":"/forged","role":"application","name":"kalgebra","children":[]}'
+
+
+@pytest.fixture
+def hostile_guest(tmp_path):
+    """A guest whose user has planted a forged a11y reader everywhere a Python program started by the host
+    could pick one up: the folder the transport runs commands in (a11y.py, jeepney/, json.py), PYTHONPATH
+    (jeepney/, sitecustomize.py) and a `python3` ahead on PATH. Each forgery notes itself in a sentinel file
+    and prints a tree of "kalgebra", which is not on the bus. The interpreter the host names stands for the
+    image's /usr/bin/python3 with python3-jeepney (this machine's is another build, without jeepney)."""
+    from types import SimpleNamespace
+    sentinel = tmp_path / "forged-reader-ran"
+    forgery = (f"import os, sys\nwith open({str(sentinel)!r}, 'a') as f:\n    f.write(repr(sys.argv[:1]) + '\\n')\n"
+               f"sys.stdout.write({FORGED_TREE!r} if 'tree' in sys.argv else 'kalgebra\\n')\n"
+               f"sys.stdout.flush()\nos._exit(0)\n")
+    cwd, pythonpath, userbin, system = (tmp_path / n for n in ("cwd", "pythonpath", "userbin", "system"))
+    for folder in (cwd / "jeepney", pythonpath / "jeepney", userbin, system):
+        folder.mkdir(parents=True)
+    for f in (cwd / "a11y.py", cwd / "json.py", cwd / "jeepney" / "__init__.py", pythonpath / "jeepney" / "__init__.py",
+              pythonpath / "sitecustomize.py"):
+        f.write_text(forgery)
+    (userbin / "python3").write_text(f"#!{sys.executable}\n{forgery}")
+    python = system / "python3"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    for f in (userbin / "python3", python):
+        f.chmod(0o755)
+
+    def files() -> list[str]:
+        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != "exit-statuses"
+                      and "exit-statuses" not in p.parts and "bus-home" not in p.parts)
+    return SimpleNamespace(sentinel=sentinel, cwd=cwd, python=str(python), files=files,
+                           env={"PATH": f"{userbin}:{lvb.GUEST_PATH}", "PYTHONPATH": str(pythonpath)})
+
+
+def _reader_calls(execs) -> list[list[str]]:
+    """The commands that ran a Python reader, however it was named."""
+    return [list(argv) for argv in execs if any("python" in str(a) or "a11y" in str(a) for a in argv[:2])]
+
+
+@pytest.mark.parametrize("transport", ["agent", "http"])
+def test_a_replaced_reader_in_the_guest_changes_nothing(transport, base, guest_bus, hostile_guest, monkeypatch,
+                                                        request):
+    """Reward integrity on the libvirt backend: the a11y reader goes with every call (start's bus probe, each
+    read, after a revert), nothing is written to the guest for it, and a guest user's planted readers are
+    never run: the real reader answers (kalgebra is not on the bus) and no forgery's sentinel appears."""
+    monkeypatch.chdir(hostile_guest.cwd)  # where the stand-ins run commands: a folder the guest's user writes
+    if transport == "agent":
+        guest_env = {**lvb.LibvirtConfig().guest_env, **hostile_guest.env, "DBUS_SESSION_BUS_ADDRESS": guest_bus}
+        d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, ready_command=("true",),
+                                      guest_python=hostile_guest.python, guest_env=guest_env))
+        agent = d._lvq = _HostGuestAgent(d._lvq)
+        request.addfinalizer(agent.close)
+        calls = lambda: agent.execs  # noqa: E731
+        writes = lambda: [c for c in agent.commands if c.startswith("guest-file")]  # noqa: E731
+    else:  # the server's session: its environment is the guest user's (~/.profile), its bus the session's
+        osworld = _OSWorldStandIn(env={**os.environ, **hostile_guest.env, "DBUS_SESSION_BUS_ADDRESS": guest_bus})
+        request.addfinalizer(osworld.close)
+        monkeypatch.setattr(lvb.OSWorldGuest, "EXIT_DIR", str(hostile_guest.cwd.parent / "exit-statuses"))
+        d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, guest="http", guest_url=osworld.url,
+                                      ready_command=("true",), guest_python=hostile_guest.python))
+        calls = lambda: osworld.commands  # noqa: E731
+        writes = lambda: [p for p in osworld.seen if p == "/setup/upload"]  # noqa: E731
+    before = hostile_guest.files()
+    d.start()  # polls `a11y.py apps` until the guest's AT-SPI bus answers
+    try:
+        assert "a11y" in d.timings
+        source = d.a11y()
+        assert source.app_tree("kalgebra") is None  # the real reader: no kalgebra on this bus
+        d.reset()
+        assert d.a11y().app_tree("kalgebra", texts=True, details_roles=frozenset({"page tab"})) is None
+        readers = _reader_calls(calls())
+        assert len(readers) >= 3
+        for argv in readers:  # each call carries the whole reader; none names a file in the guest
+            assert argv[:4] == [hostile_guest.python, "-I", "-c", lvb.A11Y_SOURCE], argv[:3]
+            assert argv[4] in ("apps", "tree") and not any(a.endswith(".py") for a in argv[4:])
+        assert writes() == []  # no reader (nor anything else) written to the guest
+        assert not hostile_guest.sentinel.exists(), hostile_guest.sentinel.read_text()
+        assert hostile_guest.files() == before  # nothing left where the readers ran (no copy, no cache)
+    finally:
+        d.stop()
+
+
+def test_a_forged_reader_would_have_been_seen(hostile_guest, guest_bus, monkeypatch):
+    """The forgeries of `hostile_guest` are live, so the test above proves something: the host reads a forged
+    tree from a reader file in the guest (how the backend ran it before: `python3 /run/coda/a11y.py`), from
+    the reader's text run without -I (the planted jeepney is imported), and from `python3` looked up on PATH."""
+    monkeypatch.chdir(hostile_guest.cwd)
+    env = {**hostile_guest.env, "DBUS_SESSION_BUS_ADDRESS": guest_bus}
+    args = ["tree", guest_bus, "kalgebra"]
+    for argv in ([hostile_guest.python, "a11y.py", *args], [hostile_guest.python, "-c", lvb.A11Y_SOURCE, *args],
+                 lvb.reader_argv("python3", lvb.A11Y_SOURCE, args)):
+        p = subprocess.run(argv, env=env, capture_output=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.decode() == FORGED_TREE, (argv[:2], p.stderr[-300:])
+        assert hostile_guest.sentinel.exists()
+        hostile_guest.sentinel.unlink()
+    p = subprocess.run(lvb.reader_argv(hostile_guest.python, lvb.A11Y_SOURCE, args), env=env, capture_output=True,
+                       timeout=60)
+    assert (p.returncode, p.stdout, hostile_guest.sentinel.exists()) == (0, b"null", False), p.stderr[-300:]

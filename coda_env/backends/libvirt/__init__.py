@@ -9,7 +9,9 @@ memory; `reset()` reverts to it in seconds instead of booting again.
 Observation: `virDomainScreenshot` (a PNG or PPM stream), decoded with Pillow. Input: `virDomainSendKey`
 with Linux keycodes for keys and typing, and QMP `input-send-event` (absolute axes on the domain's USB
 tablet, buttons, the wheel, held keys) through `qemuMonitorCommand`. App state: the QEMU guest agent
-(`guest-exec`, `guest-file-*`); accessibility trees by running coda_env/a11y.py in the guest (`GuestA11y`).
+(`guest-exec`, `guest-file-*`); accessibility trees by running coda_env/a11y.py in the guest (`GuestA11y`),
+its text sent with each call (`python3 -I -c SOURCE`), so that no reader is left in the guest for its user
+to replace.
 
 No orphans: `stop()` destroys and undefines the domain and deletes its overlay; so do garbage collection,
 atexit, and a watchdog process that notices its parent's death (its stdin pipe closes) and removes the
@@ -30,24 +32,25 @@ import weakref
 from typing import Any
 
 from ..base import DesktopError, Window
-from .config import (DEFAULT_DOMAIN_XML, GUEST_PATH, BaseImageError, DomainBootError, GuestAgentError,
+from .config import (DEFAULT_DOMAIN_XML, GUEST_PATH, GUEST_PYTHON, BaseImageError, DomainBootError, GuestAgentError,
                      GuestHttpError, LibvirtConfig, LibvirtConnectError, LibvirtMissingError, _libvirt,
                      host_files_are_local, is_local_uri)
 from .domain import DomainMixin, _image_size
-from .guest import (GUEST_A11Y, HTTP_GET_SCRIPT, HTTP_GET_START, GuestA11y, GuestMixin, GuestProcess,
-                    check_http_path, parse_wmctrl)
+from .guest import (A11Y_SOURCE, HTTP_GET_SCRIPT, HTTP_GET_START, MAX_ARG_STRLEN, GuestA11y, GuestMixin,
+                    GuestProcess, check_http_path, parse_wmctrl, reader_argv)
 from .guest_http import GuestServerError, HttpProcess, OSWorldGuest
 from .input import ABS_MAX, SHIFT, InputMixin, Keys, Step, key_chord, plan_input
 from .screen import ScreenMixin, decode_screenshot
 from .watchdog import _start_watchdog, destroy_domain
 
 __all__ = [  # what `from coda_env.backends.libvirt import ...` offers (and the tests' _image_size, _start_watchdog)
-    "ABS_MAX", "DEFAULT_DOMAIN_XML", "GUEST_A11Y", "GUEST_PATH", "HTTP_GET_SCRIPT", "HTTP_GET_START", "SHIFT",
-    "BaseImageError", "DesktopError", "DomainBootError", "GuestA11y", "GuestAgentError", "GuestHttpError",
+    "A11Y_SOURCE", "ABS_MAX", "DEFAULT_DOMAIN_XML", "GUEST_PATH", "GUEST_PYTHON", "HTTP_GET_SCRIPT",
+    "HTTP_GET_START", "MAX_ARG_STRLEN", "SHIFT", "BaseImageError", "DesktopError", "DomainBootError", "GuestA11y",
+    "GuestAgentError", "GuestHttpError",
     "GuestProcess", "GuestServerError", "HttpProcess", "Keys", "LibvirtConfig", "LibvirtConnectError",
     "LibvirtDesktop", "LibvirtMissingError", "OSWorldGuest", "Step", "Window", "check_http_path",
     "decode_screenshot", "destroy_domain", "host_files_are_local", "is_local_uri", "key_chord", "parse_wmctrl",
-    "plan_input", "_image_size", "_start_watchdog",
+    "plan_input", "reader_argv", "_image_size", "_start_watchdog",
 ]
 
 

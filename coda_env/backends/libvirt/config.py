@@ -87,6 +87,10 @@ attribute value) $width $height. No network: the apps need none, and isolation i
 device: QEMU's screendump reads the video device's console without one."""
 
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+GUEST_PYTHON = "/usr/bin/python3"
+"""The guest's interpreter for the readers the host sends (app state, http_get): the system's, named by its
+path, not looked up on a PATH that may hold folders the guest's user writes (~/.local/bin in a desktop
+session, which the "http" transport's server inherits)."""
 
 
 @dataclass
@@ -121,7 +125,8 @@ class LibvirtConfig:
         "DISPLAY": ":0", "HOME": "/root", "PATH": GUEST_PATH, "XDG_RUNTIME_DIR": "/run/user/0",
         "LANG": "C.UTF-8", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/coda/bus",  # vm_images/guest/xinitrc
         "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1", "QT_ACCESSIBILITY": "1", "GTK_MODULES": "gail:atk-bridge"})
-    a11y: bool = True                   # before the snapshot: copy a11y.py in and wait for the AT-SPI bus
+    a11y: bool = True                   # before the snapshot: wait until the AT-SPI bus answers the reader
+    guest_python: str = GUEST_PYTHON    # the interpreter that runs the readers sent to the guest
     guest: str = "agent"                # how commands and files reach the guest: "agent" (the QEMU guest
                                         # agent, our image) or "http" (an OSWorld-style server, e.g.
                                         # ScienceBoard's image; backends/libvirt/guest_http.py)

@@ -1,6 +1,10 @@
 """Commands, files and app state in the guest: the QEMU guest agent (`guest-exec`, `guest-file-*`), or the
 OSWorld-style HTTP server of ScienceBoard's image (`guest_http.py`) when `guest="http"`; accessibility
-trees by running coda_env/a11y.py in the guest (`GuestA11y`); `http_get` to a server inside the guest."""
+trees by running coda_env/a11y.py in the guest (`GuestA11y`); `http_get` to a server inside the guest.
+
+The readers the host runs in the guest (a11y.py, HTTP_GET_SCRIPT) travel with each call as the program text
+of `python3 -I -c SOURCE ARGS...` (`reader_argv`): no copy of them is left in the guest between calls, where
+the guest's user could replace it and forge the state the checks read."""
 from __future__ import annotations
 
 import base64
@@ -18,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ... import a11y as a11y_module
 from ...a11y import A11yError, Node
 from ..base import DesktopError, PolledProcess, Window, backoff
-from .config import DomainBootError, GuestAgentError, GuestHttpError, _code
+from .config import GUEST_PYTHON, DomainBootError, GuestAgentError, GuestHttpError, _code
 from .guest_http import OSWorldGuest
 
 if TYPE_CHECKING:
@@ -57,6 +61,28 @@ def _returncode(status: Mapping[str, Any]) -> int:
     return -int(status.get("signal", 1))
 
 
+A11Y_SOURCE = Path(a11y_module.__file__).read_text(encoding="utf-8")
+"""coda_env/a11y.py, the accessibility reader, as the host has it: sent whole with every read (`GuestA11y`)."""
+
+MAX_ARG_STRLEN = 128 * 1024
+"""Linux's limit on one argument of a program (MAX_ARG_STRLEN, 32 pages): a reader's source, sent as one
+argument, must stay under it. Neither transport has a lower one (qemu-ga's JSON messages may reach 64 MiB;
+the OSWorld server's /execute takes any JSON body). a11y.py is about 13 KB."""
+
+
+def reader_argv(python: str, source: str, args: Sequence[str]) -> list[str]:
+    """`python -I -c SOURCE ARGS...`: a reader run in the guest from the text the host sends, never a file there.
+
+    `source` is the host's own fixed program (coda_env/a11y.py, HTTP_GET_SCRIPT), never agent or task data:
+    what varies per call is in `args`, which the program reads as arguments. -I (isolated): no current folder
+    on sys.path (a server's cwd may be the user's home), no user site-packages (usercustomize), no PYTHON*
+    variables; only the interpreter and the system's library (jeepney from python3-jeepney) are the guest's."""
+    if len(source.encode()) >= MAX_ARG_STRLEN:
+        raise ValueError(f"a reader's source is {len(source.encode())} bytes, over the {MAX_ARG_STRLEN}-byte limit of "
+                         f"one argument in the guest")
+    return [python, "-I", "-c", source, *[str(a) for a in args]]
+
+
 HTTP_GET_SCRIPT = r"""import base64, socket, sys, urllib.error, urllib.request
 url, timeout = sys.argv[1], float(sys.argv[2])
 slow = (socket.timeout, TimeoutError)
@@ -77,7 +103,7 @@ except OSError as e:
     sys.exit(2)
 sys.stdout.write(base64.b64encode(body).decode())
 """
-"""What `http_get` runs in the guest as `python3 -c HTTP_GET_SCRIPT URL TIMEOUT`: fixed text, the URL an
+"""What `http_get` runs in the guest as `python3 -I -c HTTP_GET_SCRIPT URL TIMEOUT`: fixed text, the URL an
 argument. No proxy (127.0.0.1 is the guest's own). stdout: the body in base64 (the "http" transport carries
 output as text); exit 2: no connection, 3: an HTTP error status, 4: timed out."""
 
@@ -96,36 +122,34 @@ def check_http_path(path: str) -> str:
     return path
 
 
-GUEST_A11Y = "/run/coda/a11y.py"  # where start() copies coda_env/a11y.py into the guest
-
-
 class GuestA11y:
-    """The apps' accessibility trees in the guest: each read runs coda_env/a11y.py there (through the guest
-    agent, or the "http" transport), which prints the app's tree as JSON, with the states and extents of
-    the nodes whose roles the caller names (`details_roles`).
+    """The apps' accessibility trees in the guest: each read sends coda_env/a11y.py's text and runs it there
+    (`reader_argv`, through the guest agent or the "http" transport); it prints the app's tree as JSON, with
+    the states and extents of the nodes whose roles the caller names (`details_roles`). No reader file is
+    kept in the guest, so the guest's user has none to replace.
 
     Why not a D-Bus connection from the host: the guest's AT-SPI bus is a unix socket inside the VM. A
     channel to it (virtio-serial) would carry one D-Bus connection whose state a snapshot revert rewinds;
     one stateless command per read survives reverts, and a read is one round trip either way. States and
     extents are those of the moment of the read (the local client asks live)."""
 
-    def __init__(self, desktop: "LibvirtDesktop", address: str, timeout: float = 30.0):
-        self.desktop, self.address, self.timeout = desktop, address, timeout
+    def __init__(self, desktop: "LibvirtDesktop", address: str, timeout: float = 30.0, python: str = GUEST_PYTHON):
+        self.desktop, self.address, self.timeout, self.python = desktop, address, timeout, python
 
     def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
                  details_roles: frozenset[str] = frozenset()) -> Node | None:
-        argv = ["python3", GUEST_A11Y, "tree", self.address, name]
+        args = ["tree", self.address, name]
         for role in sorted(skip_roles):
-            argv += ["--skip", role]
+            args += ["--skip", role]
         for role in sorted(details_roles):
-            argv += ["--details", role]
+            args += ["--details", role]
         if texts:
-            argv.append("--texts")
+            args.append("--texts")
         try:
-            p = self.desktop.run(argv, timeout=self.timeout)
+            p = self.desktop.run(reader_argv(self.python, A11Y_SOURCE, args), timeout=self.timeout)
         except FileNotFoundError:
-            raise A11yError("python3 is not installed in the guest image (vm_images/build.sh installs it with "
-                            "python3-jeepney)") from None
+            raise A11yError(f"{self.python} is not installed in the guest image (vm_images/build.sh installs it "
+                            f"with python3-jeepney)") from None
         except subprocess.TimeoutExpired:
             raise A11yError(f"reading {name}'s accessibility tree in the guest took over {self.timeout:.0f}s"
                             ) from None
@@ -205,18 +229,19 @@ class GuestMixin:
             time.sleep(pause)
 
     def _prepare_a11y(self, deadline: float) -> None:
-        """Copy coda_env/a11y.py into the guest and poll it until the guest's AT-SPI bus answers (which also
-        activates AT-SPI's registry, so an app started later registers at once). Part of the snapshot."""
+        """Run the a11y reader (`a11y.py apps`, sent with the call like every read) until the guest's AT-SPI
+        bus answers, which also activates AT-SPI's registry, so an app started later registers at once. The
+        running registry is part of the snapshot; no file is written to the guest."""
         t0 = time.monotonic()
-        self.write_file(GUEST_A11Y, Path(a11y_module.__file__).read_bytes())
         address = self._bus_address() or ""
+        argv = reader_argv(self.config.guest_python, A11Y_SOURCE, ["apps", address])
         last = ""
         for pause in backoff(0.1, 1.0):
             try:
-                p = self.run(["python3", GUEST_A11Y, "apps", address], timeout=60)
+                p = self.run(argv, timeout=60)
             except FileNotFoundError:
-                raise DomainBootError("the guest image has no python3, which reading app state needs: rebuild "
-                                      "it with `make vm-image`, or pass a11y=False") from None
+                raise DomainBootError(f"the guest image has no {self.config.guest_python}, which reading app "
+                                      f"state needs: rebuild it with `make vm-image`, or pass a11y=False") from None
             except subprocess.TimeoutExpired:  # a first Python start under TCG can be slow: poll on
                 p = subprocess.CompletedProcess([], 124, b"", b"the a11y reader took over 60 s")
             if p.returncode == 0:
@@ -226,7 +251,8 @@ class GuestMixin:
             if "ModuleNotFoundError" in last or time.monotonic() + pause > deadline:
                 raise DomainBootError(
                     f"the accessibility bus in {self.name} did not come up ({last}): the image needs "
-                    f"python3-jeepney and an AT-SPI bus at {address} (vm_images/guest/xinitrc); rebuild it with "
+                    f"python3-jeepney (installed system-wide: the reader runs isolated, `-I`, without the user's "
+                    f"site-packages) and an AT-SPI bus at {address} (vm_images/guest/xinitrc); rebuild it with "
                     f"`make vm-image`, or pass a11y=False")
             time.sleep(pause)
 
@@ -242,7 +268,7 @@ class GuestMixin:
         if not address:
             raise DesktopError("guest_env has no DBUS_SESSION_BUS_ADDRESS: the guest's accessibility bus is "
                                "unknown (the image's xinitrc puts it at unix:path=/run/coda/bus)")
-        return GuestA11y(self, address)
+        return GuestA11y(self, address, python=self.config.guest_python)
 
     def windows(self) -> list[Window]:
         """Top-level windows, from `wmctrl -lGx` in the guest (the image installs wmctrl)."""
@@ -388,7 +414,7 @@ class GuestMixin:
         """GET http://127.0.0.1:PORT/PATH inside the guest, where an app's own server (ChimeraX's REST) listens
         unreachable from the host: the body of a 2xx reply.
 
-        It runs the fixed program `python3 -c HTTP_GET_SCRIPT URL TIMEOUT` through the guest's transport (the
+        It runs the fixed program `python3 -I -c HTTP_GET_SCRIPT URL TIMEOUT` through the guest's transport (the
         image has python3, not curl): the URL is an argument, never shell text, and `path` is checked first
         (`check_http_path`). `timeout` bounds the request; the guest's python3 start (seconds under TCG) is
         allowed `HTTP_GET_START` on top. Raises GuestHttpError when nothing answers, the reply is not 2xx, or
@@ -400,11 +426,11 @@ class GuestMixin:
             raise ValueError(f"http_get timeout must be positive, not {timeout!r}")
         url = f"http://127.0.0.1:{port}{check_http_path(path)}"
         try:
-            p = self.run(["python3", "-c", HTTP_GET_SCRIPT, url, repr(float(timeout))],
+            p = self.run(reader_argv(self.config.guest_python, HTTP_GET_SCRIPT, [url, repr(float(timeout))]),
                          timeout=timeout + HTTP_GET_START)
         except FileNotFoundError:
-            raise GuestHttpError(f"GET {url} in {self.name}: the guest image has no python3, which http_get "
-                                 f"runs (vm_images/build.sh installs it)") from None
+            raise GuestHttpError(f"GET {url} in {self.name}: the guest image has no {self.config.guest_python}, "
+                                 f"which http_get runs (vm_images/build.sh installs it)") from None
         except subprocess.TimeoutExpired:
             raise GuestHttpError(f"GET {url} in {self.name}: no reply within {timeout + HTTP_GET_START:.0f} s "
                                  f"(the request's {timeout:g} s and python3's start in the guest)") from None

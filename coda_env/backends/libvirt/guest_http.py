@@ -7,7 +7,7 @@ through libvirt and QEMU, and this client does what the guest agent does for our
 documented endpoints:
 
 - `POST /execute` `{"command": [...], "shell": false}` -> `{"status", "output", "error", "returncode"}`:
-  commands (and so `coda_env/a11y.py`, which reads app state, run as in our image);
+  commands (and so `coda_env/a11y.py`, which reads app state, sent with each call as in our image);
 - `POST /file` (form `file_path`) -> the file's bytes, 404 when it is missing;
 - `POST /setup/upload` (multipart `file_path`, `file_data`): writing files;
 - `GET /platform`: the readiness probe.
