@@ -35,11 +35,19 @@ class A11yError(RuntimeError):
 
 
 def bus_address(session_address: str) -> str:
+    """The accessibility bus's address: asked of org.a11y.Bus on a session bus (at-spi-bus-launcher's), or
+    `session_address` itself when that is an accessibility bus (the local backend's, which has no launcher;
+    AT-SPI's registry is on it)."""
     conn = open_dbus_connection(session_address)
     try:
         bus = DBusAddress("/org/a11y/bus", bus_name="org.a11y.Bus", interface="org.a11y.Bus")
         reply = conn.send_and_get_reply(new_method_call(bus, "GetAddress"), timeout=2)
         if reply.header.message_type == MessageType.error:
+            dbus = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus",
+                               interface="org.freedesktop.DBus")
+            names = conn.send_and_get_reply(new_method_call(dbus, "ListActivatableNames"), timeout=2)
+            if names.header.message_type != MessageType.error and REGISTRY[0] in names.body[0]:
+                return session_address
             raise A11yError(f"org.a11y.Bus.GetAddress failed: {reply.body}")
         return reply.body[0]
     finally:

@@ -457,6 +457,38 @@ def _file_validate(c: dict) -> None:
         raise CheckError("check 'file' exists must be true or false")
 
 
+def pdf_pages(ctx: CheckContext, data: bytes) -> tuple[int, str]:
+    """(pages, why not) of a PDF by poppler's pdfinfo, run on a copy: sealed, in the desktop's own folder
+    (outside the app's home) on this machine; in the VM guest, which is the sandbox, elsewhere."""
+    import shutil
+    import tempfile
+    d = ctx.desktop
+    if d is None:
+        return 0, "no desktop to run pdfinfo on"
+    if not data.startswith(b"%PDF-"):
+        return 0, "no %PDF- header"
+    scratch = tempfile.mkdtemp(prefix="check-pdf-", dir=d.tmpdir) if d.tmpdir else None
+    try:
+        if scratch:
+            with open(f"{scratch}/f.pdf", "wb") as f:
+                f.write(data)
+            r = d.run(["pdfinfo", f"{scratch}/f.pdf"], timeout=30, writable=[scratch])
+        else:
+            path = d.run(["mktemp", "/tmp/coda-pdf-XXXXXX"], timeout=10).stdout.decode().strip()
+            d.write_file(path, data)
+            r = d.run(["pdfinfo", path], timeout=30, writable=[])
+            d.run(["rm", "-f", "--", path], timeout=10)
+    except Exception as e:  # noqa: BLE001 - pdfinfo missing, timed out, a dead desktop
+        return 0, f"pdfinfo failed: {type(e).__name__}: {e}"
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    m = re.search(rb"^Pages:\s+(\d+)", r.stdout or b"", re.M)
+    if r.returncode != 0 or not m:
+        return 0, f"pdfinfo: {(r.stderr or b'').decode(errors='replace').strip()[:200] or 'no page count'}"
+    return int(m.group(1)), ""
+
+
 def _norm(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.replace("\r\n", "\n").strip("\n").split("\n"))
 
@@ -464,6 +496,11 @@ def _norm(text: str) -> str:
 def _file(c: dict, ctx: CheckContext) -> tuple[bool, str]:
     data = ctx.read_file(c["path"])
     if "exists" in c:
+        if data is not None and c["exists"] and c["path"].lower().endswith(".pdf"):
+            pages, why = pdf_pages(ctx, data)  # a PDF counts only when it is one: `touch main.pdf` is not
+            if not pages:
+                return False, f"{c['path']} exists but is not a PDF with pages ({why})"
+            return True, f"{c['path']} exists ({pages} page(s))"
         return (data is not None) == c["exists"], f"{c['path']} {'exists' if data is not None else 'is missing'}"
     if data is None:
         return False, f"{c['path']} is missing"

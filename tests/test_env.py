@@ -241,9 +241,8 @@ class _HostAgent:
         self.desktop = desktop
 
     def run(self, argv, timeout=30.0):
-        from coda_env import a11y
-        from coda_env.backends.libvirt import GUEST_A11Y
-        argv = [sys.executable if a == "python3" else a.replace(GUEST_A11Y, a11y.__file__) for a in argv]
+        from coda_env.backends.libvirt import GUEST_PYTHON
+        argv = [sys.executable if i == 0 and a == GUEST_PYTHON else a for i, a in enumerate(argv)]
         return subprocess.run(argv, env=self.desktop.env, capture_output=True, timeout=timeout)
 
 
@@ -251,7 +250,7 @@ class _GuestView:
     """The env's desktop, except that accessibility is read the libvirt backend's way."""
 
     def __init__(self, desktop, address=None):
-        self._desktop, self._address = desktop, address or desktop.env["DBUS_SESSION_BUS_ADDRESS"]
+        self._desktop, self._address = desktop, address or desktop.env["AT_SPI_BUS_ADDRESS"]
 
     def __getattr__(self, name):
         return getattr(self._desktop, name)

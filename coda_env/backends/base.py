@@ -58,8 +58,11 @@ class Desktop(Protocol):
     def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
               log: str | None = None) -> subprocess.Popen:
         """Start a long-running program (an app) on this desktop, in a process group of its own."""
-    def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
-        """Run a command on the desktop to completion."""
+    def run(self, argv: Sequence[str], timeout: float = 30.0, *,
+            writable: Sequence[str] | None = None) -> subprocess.CompletedProcess:
+        """Run a command on the desktop to completion. With `writable`, it runs sealed as an app does (on a
+        backend that seals apps: the local one), able to write only in those folders (checks that run
+        programs on what the agent made); a VM, the sandbox itself, runs it as any command."""
     def read_file(self, path: str) -> bytes: ...
     def write_file(self, path: str, data: bytes) -> None: ...
     def windows(self) -> list[Window]: ...

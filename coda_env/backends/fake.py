@@ -146,7 +146,8 @@ class FakeDesktop:
         self.procs.append(p)
         return p
 
-    def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+    def run(self, argv: Sequence[str], timeout: float = 30.0, *,
+            writable: Sequence[str] | None = None) -> subprocess.CompletedProcess:
         self._check()
         return subprocess.CompletedProcess(list(argv), 0, b"", b"")
 

@@ -55,7 +55,12 @@ Editor\\WordWrapMode=0
 Startup\\CheckLatexConfiguration=false
 MainWindow\\Maximized=true
 Interface\\Language=en
+Tools\\InterpetCommandDefinitionInMagicComment=false
+Terminal\\Shell=/usr/bin/true
 """
+# The last two close code-running surfaces no task needs: a magic comment that redefines a build command
+# (`% !TeX TXS-program:compile = txs:///pdflatex/[--shell-escape]`) is ignored, and the Terminal tab of the
+# bottom panel runs `true` instead of a shell. (Both would run inside the app's sandbox anyway.)
 
 _STATE_SKIP = frozenset({"menu bar", "popup menu", "list", "scroll bar", "tool bar"})
 _PANE_TABS = frozenset({"Messages", "Log", "Preview", "Terminal", "Search Results"})
@@ -102,7 +107,10 @@ class TeXstudio:
         env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
                "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"),
                "XDG_CURRENT_DESKTOP": "KDE", "KDE_SESSION_VERSION": "5",
-               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "QT_HASH_SEED": "0"}
+               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "QT_HASH_SEED": "0",
+               # TeX reads and writes only below the document's folder (kpathsea's paranoid mode): no
+               # \input{/etc/hostname} into a PDF, no write outside the folder
+               "openin_any": "p", "openout_any": "p", "shell_escape": "f"}
         argv = [self.binary, "--start-always", "--no-session", "--config", str(config), *shown]
         self._proc = desktop.spawn(argv, env=env, cwd=self.workdir, log=str(home / "texstudio.log"))
         return self._proc
@@ -224,13 +232,27 @@ class TeXstudio:
         deadline = time.monotonic() + timeout
         pause, waited = 0.02, False
         while True:
-            r = desktop.run(["pgrep", "-l", "-P", str(self._proc.pid)], timeout=10)
-            names = {line.split()[-1] for line in r.stdout.decode(errors="replace").splitlines() if line.strip()}
+            names = self._descendants(desktop)
             if not names & _BUILD_TOOLS or time.monotonic() > deadline:
                 return waited
             waited = True
             time.sleep(pause)
             pause = min(pause * 2, 0.2)
+
+    def _descendants(self, desktop) -> set[str]:
+        """The names of the processes below TeXstudio's (a sealed app runs a few levels down, under bwrap)."""
+        r = desktop.run(["ps", "-e", "-o", "pid=,ppid=,comm="], timeout=10)
+        kids: dict[int, list[tuple[int, str]]] = {}
+        for line in r.stdout.decode(errors="replace").splitlines():
+            parts = line.split(None, 2)
+            if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+                kids.setdefault(int(parts[1]), []).append((int(parts[0]), parts[2].strip()))
+        names, todo = set(), [self._proc.pid] if self._proc is not None else []
+        while todo:
+            for pid, name in kids.get(todo.pop(), []):
+                names.add(name)
+                todo.append(pid)
+        return names
 
     def _read_tree(self, desktop) -> Node:
         try:

@@ -2,9 +2,12 @@
 with given replacements made).
 
 `compile` builds a scratch copy of the working folder, never the folder itself: the agent's files, and any
-PDF it built, stay as they were. pdflatex runs with -no-shell-escape and -halt-on-error (TeX Live's default
-openout_any=p keeps its writes inside the scratch folder); bibtex runs when the document has a bibliography.
-Everything runs through the desktop, so it runs where the app's files are.
+PDF it built, stay as they were. On this machine the copy is in the desktop's own folder, which the app's
+sandbox cannot see (so nothing the agent left running can change what the check reads), and the build runs
+sealed like the app, able to write only there. pdflatex runs with -no-shell-escape and -halt-on-error and
+kpathsea's paranoid modes (openin_any=p, openout_any=p: no \\input of /etc/hostname, no writes outside);
+bibtex runs when the document has a bibliography. Everything runs through the desktop, so it runs where the
+app's files are.
 
 `tex_file` compares a saved file with the task's initial text of that file (its `write_file` setup op) with
 the replacements applied, which is how ScienceBoard states its TeXstudio tasks ("source" -> "target");
@@ -14,6 +17,8 @@ the core `file` check's; regular expressions the core `include`'s.
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from typing import Any
 
 from ...registry import CheckContext, CheckError, CheckType, confined
@@ -138,18 +143,26 @@ def _run_compile(c: dict, ctx: CheckContext) -> tuple[bool, str]:
         return False, f"{c['path']}/{name}.tex is missing"
     text = src.decode("utf-8", errors="replace")
     bib = c.get("bibtex", bool(_BIB.search(text)))
-    mk = d.run(["mktemp", "-d", "-p", ctx.home, ".coda-compile-XXXXXX"], timeout=10)
-    if mk.returncode != 0:
-        return False, f"cannot make a scratch folder: {mk.stderr.decode(errors='replace')[:200]}"
-    scratch = mk.stdout.decode().strip()
+    scratch = _scratch(d, ctx.home)
+    if isinstance(scratch, tuple):
+        return scratch
     timeout = float(c.get("timeout", 60))
     try:
-        cp = d.run(["cp", "-a", "--", f"{folder}/.", scratch], timeout=30)
-        if cp.returncode != 0:
-            return False, f"cannot copy {c['path']}: {cp.stderr.decode(errors='replace')[:200]}"
+        if d.tmpdir:  # this machine: a copy the app's sandbox cannot see, links kept as links
+            try:
+                shutil.copytree(folder, scratch, symlinks=True, dirs_exist_ok=True)
+            except (OSError, shutil.Error) as e:
+                return False, f"cannot copy {c['path']}: {e}"[:300]
+        else:
+            cp = d.run(["cp", "-a", "--", f"{folder}/.", scratch], timeout=30)
+            if cp.returncode != 0:
+                return False, f"cannot copy {c['path']}: {cp.stderr.decode(errors='replace')[:200]}"
+        # TeX in paranoid mode (reads and writes only below the scratch folder), sealed like the app on
+        # this machine (writable: the scratch folder only), so a document cannot read or run anything else
+        argv = ["timeout", "-k", "2", str(int(timeout)), "env", *_TEX_ENV, "sh", "-c", _SCRIPT, "coda-compile",
+                scratch, name, "1" if bib else "0"]
         try:
-            r = d.run(["timeout", "-k", "2", str(int(timeout)), "sh", "-c", _SCRIPT, "coda-compile", scratch, name,
-                       "1" if bib else "0"], timeout=timeout + 10)
+            r = d.run(argv, timeout=timeout + 10, writable=[scratch])
         except Exception as e:  # subprocess.TimeoutExpired or a desktop error
             return False, f"the build did not finish within {timeout:.0f}s ({type(e).__name__})"
         out = r.stdout.decode(errors="replace").strip()
@@ -172,7 +185,28 @@ def _run_compile(c: dict, ctx: CheckContext) -> tuple[bool, str]:
             notes.append(f"{where} has {c['contains']!r}")
         return True, "; ".join(notes)
     finally:
-        d.run(["rm", "-rf", "--", scratch], timeout=30)
+        if d.tmpdir:
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            d.run(["rm", "-rf", "--", scratch], timeout=30)
+
+
+# kpathsea settings as environment variables: paranoid reads and writes, no shell escape in any form
+_TEX_ENV = ("openin_any=p", "openout_any=p", "shell_escape=f")
+
+
+def _scratch(d, home: str) -> str | tuple[bool, str]:
+    """A fresh folder for a build: in the desktop's own folder, outside the app's home, where the desktop
+    has one (this machine); else (a VM, which is the sandbox) in the home, as before."""
+    if d.tmpdir:
+        try:
+            return tempfile.mkdtemp(prefix="check-compile-", dir=d.tmpdir)
+        except OSError as e:
+            return False, f"cannot make a scratch folder: {e}"
+    mk = d.run(["mktemp", "-d", "-p", home, ".coda-compile-XXXXXX"], timeout=10)
+    if mk.returncode != 0:
+        return False, f"cannot make a scratch folder: {mk.stderr.decode(errors='replace')[:200]}"
+    return mk.stdout.decode().strip()
 
 
 def _squash(s: str) -> str:

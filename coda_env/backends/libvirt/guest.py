@@ -322,8 +322,10 @@ class GuestMixin:
     def _exec_status(self, pid: int) -> dict[str, Any]:
         return self._agent("guest-exec-status", {"pid": pid})
 
-    def run(self, argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
-        """Run a command in the guest to completion, with its output (like subprocess.run)."""
+    def run(self, argv: Sequence[str], timeout: float = 30.0, *,
+            writable: Sequence[str] | None = None) -> subprocess.CompletedProcess:
+        """Run a command in the guest to completion, with its output (like subprocess.run). `writable`
+        changes nothing here: the VM is the sandbox."""
         self._check()
         if self._http is not None:
             return self._http.run(argv, timeout=timeout)
