@@ -195,6 +195,9 @@ class Engine:
         cfg = LocalConfig()
         cfg.accessibility = False
         cfg.window_manager = False
+        # unsealed: the engine is this checkout's own build (a venv on pyenv's Python under /root), which the
+        # sandbox's unprivileged user cannot run; the GUI (.deb, in /usr) runs sealed like every app
+        cfg.sandbox = False
         self.desktop = LocalDesktop(cfg)
         self.desktop.start()
         self.home = tempfile.mkdtemp(prefix="coda-chimerax-test-")

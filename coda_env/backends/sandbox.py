@@ -86,9 +86,11 @@ def wrap_argv(argv: Sequence[str], config: SandboxConfig, writable: Sequence[str
          "--unshare-cgroup-try", "--hostname", "coda"]
     if not root:
         a += ["--unshare-user", "--disable-userns"]
-    for d in (*config.system, *config.extra_ro):
-        if os.path.isdir(d):
-            a += ["--ro-bind", d, d]
+    shown = [d for d in (*config.system, *config.extra_ro) if os.path.isdir(d)]
+    for d in sorted({str(q) for p in shown for q in Path(p).parents if str(q) != "/"}, key=lambda q: q.count("/")):
+        a += ["--perms", "0755", "--dir", d]   # (bwrap makes missing parents 0700: the user could not pass)
+    for d in shown:
+        a += ["--ro-bind", d, d]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         p = f"/{name}"
         if os.path.islink(p):

@@ -26,6 +26,7 @@ from ._core import AppError, LaunchContext
 HERE = Path(__file__).resolve().parent
 INSIDE = HERE / "inside.py"
 DATA = HERE / "data"
+STATE_MARK = "coda-state:"             # inside.py's codadump: the log line that carries the state
 CODA_DIR = ".coda-chimerax"            # in the app's home: inside.py, state dumps
 STATE_FILE = f"{CODA_DIR}/state.json"
 # Where the Debian/Ubuntu .deb puts its launcher besides /usr/bin/chimerax (a symlink to it).
@@ -128,8 +129,8 @@ class ChimeraX:
                "XDG_CACHE_HOME": str(h / ".cache"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                # QtWebEngine (the log, help viewer) refuses to run as root without these
                "QTWEBENGINE_DISABLE_SANDBOX": "1", "QTWEBENGINE_CHROMIUM_FLAGS": "--no-sandbox --disable-gpu",
-               # matplotlib's font cache (built at start, ~0.5 s of CPU): kept per desktop (its folder goes with it)
-               "MPLCONFIGDIR": os.path.join(desktop.tmpdir or str(h / ".cache"), "mplconfig"),
+               # matplotlib's font cache: in the home (a sealed app writes nowhere else)
+               "MPLCONFIGDIR": str(h / ".cache" / "mplconfig"),
                # no network: anything that honours proxies goes nowhere; the REST server is local
                "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
                "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
@@ -215,15 +216,19 @@ class ChimeraX:
 
 
 def dump_state(desktop: Any, port: int | None, home: str | None) -> dict[str, Any]:
-    """The session's state as inside.py dumps it, plus the REST port (checks that query the app use it)."""
+    """The session's state as inside.py's `codadump` gives it in its REST answer (no file in the app's home
+    is read or run for it), plus the REST port (checks that query the app use it)."""
     if port is None or home is None:
         raise AppError("ChimeraX is not running")
-    out = str(Path(home) / STATE_FILE)
-    inside = str(Path(home) / CODA_DIR / "inside.py")
-    rest_run(desktop, port, f"runscript {quote(inside)} dump {quote(out)}")
+    answer = rest_run(desktop, port, "codadump")
+    msgs = answer.get("log messages") or {}
+    lines = [m for level in msgs.values() if isinstance(level, list) for m in level if isinstance(m, str)]
+    text = next((m for m in lines if m.startswith(STATE_MARK)), None)
+    if text is None:
+        raise AppError(f"ChimeraX's codadump answered no state: {str(answer)[:300]}")
     try:
-        state = json.loads(desktop.read_file(out))
-    except (OSError, ValueError) as e:
-        raise AppError(f"cannot read ChimeraX's state dump {out}: {e}") from None
+        state = json.loads(text[len(STATE_MARK):])
+    except ValueError as e:
+        raise AppError(f"ChimeraX's state is not JSON: {e}") from None
     state["rest_port"] = port
     return state

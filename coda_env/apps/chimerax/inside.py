@@ -2,7 +2,11 @@
 
     runscript inside.py init        once after launch: a recorder of the log (what a person sees in the Log
                                     panel; `log clear` empties it) and the `codatype` command
-    runscript inside.py dump OUT    write the session's state as JSON to OUT (a path in the app's home)
+    runscript inside.py dump OUT    write the session's state as JSON to OUT (the engine tests' tool)
+    codadump                        (a command `init` registers) the state as JSON in the REST answer
+
+The env runs this file once, at launch, before any agent acts; later it asks `codadump` over REST, so a
+changed inside.py in the agent-writable home, or a changed dump file, changes nothing the checks read.
 
 `codatype <command>` runs a command the way the command line does (logged, echoed), but after the REST
 call that asked for it returns: REST wraps its commands in a log of its own that hides their messages
@@ -13,6 +17,7 @@ import json
 import sys
 
 MAX_ATOMS = 20000
+STATE_MARK = "coda-state:"
 STYLES = {0: "sphere", 1: "ball", 2: "stick"}
 
 
@@ -73,6 +78,11 @@ def init(session):
                                  synopsis="run a command as if typed in the command line (coda)"),
              codatype, logger=session.logger)
 
+    def codadump(session):
+        session.logger.info(STATE_MARK + json.dumps(state(session)))
+    register("codadump", CmdDesc(synopsis="the session's state as JSON in the log (coda)"), codadump,
+             logger=session.logger)
+
 
 def _structure(m, out_atoms, out_residues, budget):
     atoms = m.atoms
@@ -121,6 +131,14 @@ def _structure(m, out_atoms, out_residues, budget):
 
 
 def dump(session, out):
+    """The state as a file (a tool of the engine's tests; the env reads `codadump`'s REST answer)."""
+    with open(out + ".tmp", "w") as f:
+        json.dump(state(session), f)
+    import os
+    os.replace(out + ".tmp", out)
+
+
+def state(session):
     view = session.main_view
     models, atoms, residues, labels2d, pbgroups, surfaces = [], {}, {}, [], [], []
     budget = MAX_ATOMS
@@ -213,10 +231,7 @@ def dump(session, out):
         "log": log,
         "log_text": "\n".join(e["text"] for e in log),
     }
-    with open(out + ".tmp", "w") as f:
-        json.dump(state, f)
-    import os
-    os.replace(out + ".tmp", out)
+    return state
 
 
 def _main():
