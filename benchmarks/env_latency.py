@@ -44,9 +44,9 @@ def memory_mb(token: str) -> tuple[float, float, dict[str, float]]:
     return rss, pss, by
 
 
-def bench(env_id: str, resets_n: int, steps_n: int, task: str | None) -> None:
+def bench(env_id: str, resets_n: int, steps_n: int, task: str | None, sandbox: bool = True) -> None:
     t0 = time.monotonic()
-    env = gym.make(env_id, max_steps=10_000).unwrapped
+    env = gym.make(env_id, max_steps=10_000, sandbox=sandbox).unwrapped
     task = task if task in env.tasks else next(iter(env.tasks))
     env.reset(seed=0, options={"task": task})
     first = time.monotonic() - t0
@@ -75,7 +75,8 @@ def bench(env_id: str, resets_n: int, steps_n: int, task: str | None) -> None:
     env.close()
 
     ms = 1000.0
-    print(f"{env_id} (task {task}) on the local backend, {env.width}x{env.height}, {os.cpu_count()} CPUs")
+    print(f"{env_id} (task {task}) on the local backend, {'sealed' if sandbox else 'UNSEALED (sandbox=False)'}, "
+          f"{env.width}x{env.height}, {os.cpu_count()} CPUs")
     print(f"  first reset (desktop start + launch): {first:.2f} s")
     print(f"  reset   p50 {pct(resets, 50):.3f} s   p95 {pct(resets, 95):.3f} s   (launch p50 {statistics.median(launches):.3f} s, n={len(resets)})")
     print(f"  step    p50 {pct(steps, 50) * ms:.0f} ms   p95 {pct(steps, 95) * ms:.0f} ms   (settle p50 {statistics.median(settles) * ms:.0f} ms, n={len(steps)})")
@@ -90,10 +91,14 @@ def main() -> None:
     ap.add_argument("--resets", type=int, default=20)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--task", default="calc_power", help="the reset task, where the env has it")
+    ap.add_argument("--sandbox", choices=("on", "off", "both"), default="on",
+                    help="apps sealed (on), unsealed (off), or each in turn (both: the sandbox's cost)")
     args = ap.parse_args()
     ids = args.env or [s.env_id for s in APPS.values() if s.available() is None]
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.sandbox]
     for env_id in ids:
-        bench(env_id, args.resets, args.steps, args.task)
+        for sealed in modes:
+            bench(env_id, args.resets, args.steps, args.task, sealed)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,10 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def _envs() -> int:
+    from coda_env.backends.sandbox import probe
     from coda_env.registry import APPS, BROKEN_APPS
+    why = probe()
+    print("sandbox (local backend): " + ("apps run sealed (bubblewrap)" if why is None else f"unavailable: {why}"))
     width = max([len(s.env_id) for s in APPS.values()] + [10])
     for name, spec in sorted(APPS.items()):
         missing = spec.available()

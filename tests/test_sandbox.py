@@ -67,20 +67,6 @@ class HostListener:
         self.sock.close()
 
 
-def _sandbox_processes(bwrap_pid: int) -> list[int]:
-    """The processes inside the sandbox that `bwrap_pid` (the bwrap we started) made."""
-    out, todo = [], [bwrap_pid]
-    while todo:
-        pid = todo.pop()
-        try:
-            kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        except OSError:
-            kids = []
-        out += kids
-        todo += kids
-    return out
-
-
 def _assert_sealed(desktop: LocalDesktop) -> None:
     """Every process of every sealed app: not root, no canary, no network or PID namespace of ours, and a
     view of the file system without the project tree or the user's home."""
@@ -88,7 +74,7 @@ def _assert_sealed(desktop: LocalDesktop) -> None:
     mine_net = os.readlink("/proc/self/ns/net")
     mine_pid = os.readlink("/proc/self/ns/pid")
     for bwrap, home in desktop._sealed:
-        procs = _sandbox_processes(bwrap.pid)
+        procs = sb.sandbox_pids(bwrap.pid)
         assert procs, "the sandbox has no process"
         app = procs[-1]
         for pid in procs:

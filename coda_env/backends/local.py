@@ -965,6 +965,14 @@ class LocalDesktop:
         return wrapped, {"PATH": sb.SAFE_PATH, TOKEN_VAR: self.token}
 
     def kill_group(self, proc: subprocess.Popen) -> None:
+        """Kill a spawned program and everything it started, and return once they are gone (a sealed app:
+        its whole PID namespace, so its windows are gone too before the next app starts)."""
+        inside = sb.sandbox_pids(proc.pid) if any(p is proc for p, _ in self._sealed) else []
+        if inside:
+            try:
+                os.kill(inside[0], signal.SIGKILL)   # the namespace's init: the kernel kills the rest
+            except ProcessLookupError:
+                pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -973,6 +981,9 @@ class LocalDesktop:
             proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + 2
+        while any(_proc_state(pid) not in (None, "Z", "X") for pid in inside) and time.monotonic() < deadline:
+            time.sleep(0.002)
         if proc.pid in self._pgids:
             self._pgids.remove(proc.pid)
         self._sealed = [(p, h) for p, h in self._sealed if p is not proc]

@@ -170,6 +170,16 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def sandbox_pids(bwrap_pid: int) -> list[int]:
+    """Every process inside the sandbox that `bwrap_pid` (the bwrap we started) made, its init first."""
+    out, todo = [], [bwrap_pid]
+    while todo:
+        kids = _children(todo.pop(0))
+        out += kids
+        todo += kids
+    return out
+
+
 def http_get_in_netns(bwrap_pid: int, port: int, path: str, timeout: float) -> bytes:
     """GET http://127.0.0.1:port/path inside the network namespace of the sandbox that `bwrap_pid` (the
     bwrap process we started) made. The request runs on a thread of its own that joins that namespace
