@@ -169,6 +169,11 @@ def _ping():
     if disp is not None:
         mgr = disp.GetMap().GetRenderMgr()
         rendering = bool(getattr(mgr, "_rendering", False))
+        # A resized map canvas re-renders on an idle event 0.2 s after its last resize (BufferedWindow's
+        # OnSize/OnIdle): until then the screen still shows the map drawn at the old size. Under load the
+        # layout's last resize can come after the first render, so that counts as rendering too.
+        win = disp.GetMapWindow()
+        rendering = rendering or bool(getattr(win, "resize", False))
 
     return {"ok": True, "ready": ready, "rendering": rendering, "busy": _busy(lmgr)}
 
