@@ -61,9 +61,12 @@ def step_record(step: AgentStep) -> dict:
 
 
 def make_vector_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.VectorEnv:
-    """N envs, each with its own desktop (async when N > 1), in the autoreset mode `run_episodes` expects."""
+    """N envs, each with its own desktop (async when N > 1), in the autoreset mode `run_episodes` expects; a
+    task whose set-up fails is one failed episode there (coda_env.wrappers.SetupFailure), not the run's end."""
+    from coda_env.wrappers import SetupFailure
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="async" if num_envs > 1 else "sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}, **env_kwargs)
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+                        wrappers=[SetupFailure], **env_kwargs)
 
 
 OnStart = Callable[[int, Any, int, np.ndarray], None]                     # slot, task, episode, first screenshot
@@ -74,7 +77,10 @@ OnEnd = Callable[[int, float, dict], None]                               # slot,
 def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: Sequence[tuple[str, int]],
                  on_start: OnStart, on_step: OnStep, on_end: OnEnd, seed: int | None = None) -> None:
     """Run every (task id, episode) of `queue` to its end. The envs are reset first (so a vector env can be
-    reused across calls) and each env gets its next task as soon as it finishes one."""
+    reused across calls) and each env gets its next task as soon as it finishes one. A reset whose set-up
+    failed (info["setup_error"], from coda_env.wrappers.SetupFailure) is an episode that starts and ends
+    there: on_start, then on_end with reward 0 and info["error"]; the env's next step ends it and the step
+    after resets the env to its next task."""
     queue = list(queue)
     if not queue:
         return
@@ -85,18 +91,28 @@ def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: S
     active = [False] * n
     fresh = np.ones(n, dtype=bool)             # envs whose obs is a fresh reset
     autoreset = np.zeros(n, dtype=bool)        # envs that reset on the next step (NEXT_STEP mode)
+    failed = np.zeros(n, dtype=bool)           # envs whose reset failed: their next step ends that episode
     while True:
         for i in np.flatnonzero(fresh):
             if pending[i] is not None:
                 tid, ep = pending[i]
-                got = unbatch_info(infos, i).get("task")
+                info = unbatch_info(infos, i)
+                got = info.get("task")
                 if got != tid:
                     raise RuntimeError(f"env {i} reset to task {got!r}, expected {tid!r}")
-                pending[i], active[i] = None, True
+                pending[i] = None
+                if info.get("setup_error"):
+                    on_start(int(i), tasks[tid], ep, obs["screenshot"][i])
+                    on_end(int(i), 0.0, {"task": tid, "success": False, "checks": [],
+                                         "error": f"set-up failed: {info['setup_error']}"})
+                    failed[i] = True
+                    pending[i] = queue.pop(0) if queue else None
+                    continue
+                active[i] = True
                 agent.reset(int(i), tasks[tid])
                 on_start(int(i), tasks[tid], ep, obs["screenshot"][i])
         slots = [i for i in range(n) if active[i]]
-        if not slots and not any(autoreset[i] and pending[i] for i in range(n)):
+        if not slots and not any((autoreset[i] or failed[i]) and pending[i] for i in range(n)):
             return
         t0 = time.monotonic()
         steps = agent.act([(i, {k: v[i] for k, v in obs.items()}) for i in slots]) if slots else []
@@ -105,6 +121,7 @@ def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: S
         for i, st in zip(slots, steps):
             actions[i] = st.action
         obs, rewards, terms, truncs, infos = envs.step(tuple(actions))
+        failed[:] = False                          # this step ended their empty episodes (terminated)
         fresh = autoreset                          # this step reset them: their obs starts an episode
         for i, st in zip(slots, steps):
             info = unbatch_info(infos, i)

@@ -27,7 +27,8 @@ import regex
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .registry import CHECKS, CheckContext, CheckError, CheckType, check_fields, register_check
+from .registry import (CHECKS, MAX_VALUE, CheckContext, CheckError, CheckType, check_fields, finite_values, number,
+                       register_check, relative_path)
 
 __all__ = ["CheckError", "CheckResult", "Predicate", "compile_predicate", "translate_lambda", "run_checks",
            "validate_check", "get_path", "is_number", "check_tolerance", "same_value"]
@@ -40,8 +41,13 @@ def is_number(v: Any) -> bool:
 
 
 def check_tolerance(check: dict, name: str = "tol") -> None:
-    if name in check and (not is_number(check[name]) or check[name] < 0):
-        raise CheckError(f"{name!r} must be a finite number >= 0, got {check[name]!r}")
+    if name in check:
+        number(check[name], repr(name), 0, MAX_VALUE, error=CheckError)
+
+
+def check_path(check: dict, name: str = "path") -> None:
+    """A file a check reads: relative to the app's home, no '..', not absolute (on load, not only at run)."""
+    relative_path(check.get(name), repr(name), CheckError)
 
 
 def same_value(got: Any, want: Any) -> bool:
@@ -158,6 +164,8 @@ def _validate_node(node: ast.AST, names: tuple[str, ...], depth: int = 0) -> Non
             raise _reject(node, "only numbers, strings, booleans and None are allowed as constants")
         if isinstance(node.value, int) and not isinstance(node.value, bool) and abs(node.value) > 10**18:
             raise _reject(node, "integer constant too large")
+        if isinstance(node.value, float) and not (math.isfinite(node.value) and abs(node.value) <= MAX_VALUE):
+            raise _reject(node, f"number constant must be finite and at most {MAX_VALUE:g}")
         return
     if isinstance(node, ast.Name):
         if node.id not in names:
@@ -401,8 +409,10 @@ def _answer_validate(c: dict) -> None:
         raise CheckError("check 'answer' needs exactly one of value or number")
     if "value" in c and not isinstance(c["value"], (str, int, float)) or isinstance(c.get("value"), bool):
         raise CheckError("check 'answer' value must be a string or a number")
-    if "number" in c and not is_number(c["number"]):
-        raise CheckError("check 'answer' number must be a finite number")
+    if "number" in c:
+        number(c["number"], "check 'answer' number", error=CheckError)
+    if "value" in c and not isinstance(c["value"], str):
+        finite_values(c["value"], "check 'answer' value", CheckError)
     if "tol" in c and "number" not in c:
         raise CheckError("check 'answer' tol goes with number")
     check_tolerance(c)
@@ -432,8 +442,7 @@ def _answer(c: dict, ctx: CheckContext) -> tuple[bool, str]:
 def _state_validate(c: dict) -> None:
     _str_field(c, "path")
     _str_field(c, "app", required=False)
-    if isinstance(c.get("value"), float) and not math.isfinite(c["value"]):
-        raise CheckError("check 'state' value must be finite")
+    finite_values(c.get("value"), "check 'state' value", CheckError)
 
 
 def _state(c: dict, ctx: CheckContext) -> tuple[bool, str]:
@@ -445,7 +454,7 @@ def _state(c: dict, ctx: CheckContext) -> tuple[bool, str]:
 
 
 def _file_validate(c: dict) -> None:
-    _str_field(c, "path")
+    check_path(c)
     modes = [k for k in ("equals", "sha256", "exists") if k in c]
     if len(modes) != 1:
         raise CheckError("check 'file' needs exactly one of equals, sha256, exists")
@@ -515,10 +524,13 @@ def _file(c: dict, ctx: CheckContext) -> tuple[bool, str]:
 def _include_validate(c: dict) -> None:
     if ("path" in c) == ("state" in c):
         raise CheckError("check 'include' needs exactly one of path or state")
-    _str_field(c, "path" if "path" in c else "state")
+    if "path" in c:
+        check_path(c)
+    else:
+        _str_field(c, "state")
     compile_pattern(c.get("pattern"))
-    if "count" in c and not (isinstance(c["count"], int) and not isinstance(c["count"], bool) and c["count"] >= 0):
-        raise CheckError("check 'include' count must be an integer >= 0")
+    if "count" in c:
+        number(c["count"], "check 'include' count", 0, MAX_SUBJECT, integer=True, error=CheckError)
     if "negate" in c and not isinstance(c["negate"], bool):
         raise CheckError("check 'include' negate must be true or false")
 

@@ -7,6 +7,7 @@ throwaway app the same way (see `coda_env.backends.fake`).
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -28,6 +29,50 @@ class SetupError(ValueError):
 
 class AppError(RuntimeError):
     """The application is missing, crashed, or did not become ready."""
+
+
+# ------------------------------------------------------------------------------------------ task-file values
+MAX_VALUE = 1e100          # any number a task file compares with or tolerates (finite, well short of overflow)
+MAX_PATH = 1000            # characters of a path in a task file
+
+
+def number(value: Any, what: str, low: float = -MAX_VALUE, high: float = MAX_VALUE, *, integer: bool = False,
+           error: type[Exception] = ValueError) -> float:
+    """`value` if it is a finite number (an integer when asked; never a bool) in [low, high]; else `error`
+    naming `what` and the bounds. Every numeric field of a setup operation or a check goes through it."""
+    kind = "an integer" if integer else "a finite number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise error(f"{what} must be {kind} in [{low:g}, {high:g}], got {value!r}")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise error(f"{what} must be {kind} in [{low:g}, {high:g}], got {value!r}")
+    return value
+
+
+def finite_values(value: Any, what: str, error: type[Exception] = ValueError, _depth: int = 0) -> None:
+    """Every number inside a JSON value (an expected value of a check) finite and within MAX_VALUE."""
+    if _depth > 32:
+        raise error(f"{what} is nested too deeply")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number(value, what, error=error)
+    elif isinstance(value, list):
+        for v in value:
+            finite_values(v, what, error, _depth + 1)
+    elif isinstance(value, dict):
+        for v in value.values():
+            finite_values(v, what, error, _depth + 1)
+
+
+def relative_path(rel: Any, what: str = "path", error: type[Exception] = ValueError) -> str:
+    """A task file's path as it must be written: relative to the app's home, no `..`, no `~`, not absolute,
+    at most MAX_PATH characters (checked on load; `confined` checks it again where it is used)."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or len(rel) > MAX_PATH:
+        raise error(f"{what} must be a relative path of 1..{MAX_PATH} characters, got {str(rel)[:80]!r}")
+    if os.path.isabs(rel) or rel.startswith("~"):
+        raise error(f"{what} {rel[:80]!r} must be relative to the app's home folder, not absolute")
+    if ".." in rel.replace("\\", "/").split("/"):
+        raise error(f"{what} {rel[:80]!r} has '..': a task file's paths never climb, so none leaves the app's "
+                    f"home folder")
+    return rel
 
 
 # ------------------------------------------------------------------------------------------ contexts

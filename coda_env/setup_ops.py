@@ -5,13 +5,14 @@ anywhere else, whatever path it names.
 """
 from __future__ import annotations
 
-from .registry import SetupContext, SetupError, SetupOp, confined, register_setup_op
+from .registry import SetupContext, SetupError, SetupOp, confined, register_setup_op, relative_path
 
 MAX_CONTENT = 5_000_000
 
 
 def _check_rel(op: dict, name: str = "path") -> None:
-    confined("/nonexistent-home", op.get(name), f"{name!r}")      # the same rule as at run time
+    relative_path(op.get(name), repr(name), SetupError)            # on load: relative, no '..'
+    confined("/nonexistent-home", op.get(name), f"{name!r}")      # and the rule it is used under
 
 
 def _write_validate(op: dict) -> None:

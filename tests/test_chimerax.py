@@ -60,6 +60,63 @@ def test_command_whitelist():
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("command,words", [
+    ("info models saveF /tmp/x", "info models's keyword 'saveFile', which writes a file"),
+    ("hbonds /A saveF /tmp/x", "hbonds's keyword 'saveFile'"),
+    ("hbonds /A s /tmp/x", "hbonds's keyword 'saveFile'"),              # ChimeraX picks `select`; refused anyway
+    ("hbonds /A SAVEFILE /tmp/x", "keyword 'saveFile'"),
+    ("hbonds /A save_file /tmp/x", "keyword 'saveFile'"),                # ChimeraX reads save_file as saveFile
+    ("contacts /A sav /tmp/x", "contacts's keyword 'saveFile'"),
+    ("clashes /A Save /tmp/x", "keyword 'saveFile'"),
+    ("measure convexity #1 writeS true", "'writeSurfaceData', which writes a file"),
+    ("color red; runs /tmp/x.py", "'runs' is not a full ChimeraX command name (ChimeraX would complete it to runscript)"),
+    ("sav /tmp/x.pdb", "would complete it to save"),
+    ("Color red", "'Color' is not a full ChimeraX command name"),
+    ("colo red", "is not a full ChimeraX command name"),
+    ("save /tmp/x.pdb", "ChimeraX command 'save' is not allowed"),
+    ("open /tmp/x.py", "ChimeraX command 'open' is not allowed"),
+    ("runscript /tmp/x.py", "not allowed"), ("cd /tmp", "not allowed"), ("toolshed install x", "not allowed"),
+    ("remotecontrol rest start port 9", "not allowed"), ("pyscript x", "'pyscript' is not a ChimeraX command"),
+    ("color b", "ambiguous: it abbreviates the subcommands bfactor and byattribute"),
+    ("color image #1 file /etc/hostname", "'color image' is not allowed in a task file: it reads an image file"),
+    ("distance save /tmp/x", "'distance save' is not allowed in a task file: it writes a file"),
+    ("info notify start models c url http://x/", "'info notify start' is not allowed"),
+    ("info path", "lists the host's folders"),
+    ("hbonds /A po 1", "could be read as the keyword 'port'"),
+    ("wait 100000000", "frames to wait must be finite and at most 600"),
+    ("wait 601", "at most 600"),
+    ("turn y 90 100000", "a number in a command that animates must be finite and at most 3600"),
+    ("size /A stickRadius 1e400", "must be finite"), ("label /A text nan", "must be finite"),
+    ("turn 1,0,1e999 90", "must be finite"),
+    ("2dlabels text 'hi'", "quotes"), ('label /A text "a;save /tmp/x"', "quotes"),
+    ("color red\tblue", "control characters"), ("color red;", "empty command"), ("# save x", "comment"),
+    ("", "1..2000 characters"), ("color " + "a" * 2000, "1..2000 characters"),
+])
+def test_commands_are_judged_by_what_chimerax_resolves_them_to(command, words):
+    with pytest.raises(SetupError) as e:
+        su.check_command(command)
+    assert words in str(e.value), str(e.value)
+
+
+@pytest.mark.fast
+def test_commands_that_stay_allowed():
+    from coda_env.apps.chimerax import commands as cx
+    assert cx.check("color grey; color byhetero; style /A ball", su.POLICY) == ["color", "color", "style"]
+    assert cx.check("hbonds /A reveal true name hb log true; ~hbonds", su.POLICY) == ["hbonds", "~hbonds"]
+    assert cx.check("turn y 90 60; wait 60; lighting soft; graphics silhouettes true", su.POLICY) == [
+        "turn", "wait", "lighting", "graphics silhouettes"]
+    assert cx.check("select :5-7; transparency /A 50 target s; cartoon style /A width 2", su.POLICY)[2] == \
+        "cartoon style"
+    assert cx.check("info sel", ck.READ_ONLY) == ["info selection"]          # ScienceBoard's A-05, B-04
+    assert cx.check("info rescolor /A:1-2", ck.READ_ONLY) == ["info rescolor"]
+    # the table covers every whitelisted command, from ChimeraX itself (engine/gen_commands.py)
+    table = cx.table()["commands"]
+    assert all("keywords" in table[v] for v in su.COMMAND_VERBS - {"measure"})
+    assert all("keywords" in table[c] for c in ck.READ_ONLY.commands)
+    assert "saveFile" in table["info models"]["keywords"] and "saveFile" in table["hbonds"]["keywords"]
+
+
+@pytest.mark.fast
 def test_setup_op_validation():
     OPS["chimerax_open"].validate({"data": "twohelix.pdb"})
     OPS["chimerax_open"].validate({"path": "in/x.cif"})
@@ -253,6 +310,40 @@ def test_launch_profile_and_ready(engine):
     assert engine.app.command(engine.desktop, "version")["error"] is None
     with pytest.raises(AppError, match="Unknown command"):
         engine.app.command(engine.desktop, "nosuchcommand")
+
+
+@needs_engine
+def test_engine_writes_where_the_refused_spellings_say(engine, tmp_path):
+    """The real ChimeraX 1.7.1 parser: abbreviated and respelled saveFile keywords DO write files outside
+    the home (what the validator refuses, and why), and `info sel` is `info selection`."""
+    engine.reset()
+    engine.setup({"initialize": [{"func": "chimerax_open", "data": "twohelix.pdb"}]})
+    spellings = {"a": "info models saveF {}", "b": "hbonds /A saveF {}", "c": "hbonds /A save_file {}",
+                 "e": "info chains /A sav {}", "d": "info models #1 Savef {}"}
+    for name, template in spellings.items():
+        target = tmp_path / f"{name}.txt"
+        command = template.format(target)
+        with pytest.raises(SetupError, match="saveFile"):
+            su.check_command(command)
+        try:
+            engine.app.command(engine.desktop, command)
+        except AppError:
+            pass
+        if name != "d":                     # ChimeraX matches a typed word with capitals case-sensitively
+            assert target.exists(), f"{command!r} wrote nothing: the premise of the refusal is gone"
+    assert engine.app.command(engine.desktop, "info sel")["error"] is None
+
+
+@needs_engine
+def test_engine_command_table_is_what_chimerax_registers(tmp_path):
+    """commands.json is what engine/gen_commands.py writes from the engine now (regenerate it with that
+    script when the engine changes)."""
+    import subprocess
+    out = tmp_path / "commands.json"
+    r = subprocess.run([str(ENGINE), "--exit", "--script", f"{PKG / 'engine' / 'gen_commands.py'} {out}"],
+                       capture_output=True, text=True, timeout=240)
+    assert out.exists(), r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads(out.read_text())["commands"] == json.loads((PKG / "commands.json").read_text())["commands"]
 
 
 @needs_engine

@@ -120,3 +120,75 @@ def test_cli_errors_are_clear(capsys):
     assert "coda never downloads weights" in capsys.readouterr().err
     assert main(["envs"]) == 0 and "coda/KAlgebra-v0" in capsys.readouterr().out
     assert main(["tasks", "kalgebra"]) == 0 and "calc_power" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ set-up failures
+def _records_by_task(out: Path) -> dict[str, dict]:
+    return {r["task"]: r for r in _lines(out / "episodes.jsonl")}
+
+
+@pytest.mark.fast
+def test_a_set_up_failure_is_one_failed_episode_and_the_run_goes_on_fake(tmp_path):
+    """On the FAKE app: a task whose set-up raises is recorded as one failed episode with its error (in
+    episodes.jsonl, results.json and the report), and the tasks after it still run and pass."""
+    from coda_env.backends.fake import FAKE_TASKS, register_fake
+    from coda_env.registry import AppError, SetupOp, register_setup_op, unregister_app
+
+    def boom(ctx, op):
+        raise AppError("the fake location is not in /")
+
+    broken = {"id": "fake_broken_setup", "app": "fake", "instruction": "Never starts.", "steps": 3,
+              "initialize": [{"func": "fake_fail_setup"}], "evaluate": [{"type": "answer", "value": "x"}],
+              "solution": ["ANS x"]}
+    register_fake([*FAKE_TASKS, broken])
+    register_setup_op(SetupOp("fake_fail_setup", boom, phase="app"), "fake")
+    try:
+        out = tmp_path / "run"
+        ids = ["fake_type_42", "fake_broken_setup", "fake_answer", "fake_broken_setup", "fake_note"]
+        summary = run_eval("coda/Fake-v0", OracleAgent(), out, ids[:3] + ids[4:], progress=False)
+        recs = _records_by_task(out)
+        assert summary["overall"] == {"n": 4, "success": 3, "rate": 0.75}
+        bad = recs["fake_broken_setup"]
+        assert bad["success"] is False and bad["steps"] == 0 and bad["reward"] == 0.0
+        assert "set-up failed" in bad["error"] and "the fake location is not in /" in bad["error"]
+        assert all(recs[t]["success"] for t in ("fake_type_42", "fake_answer", "fake_note"))
+        results = json.loads((out / "results.json").read_text())
+        assert [r["task"] for r in results["episodes"] if r.get("error")] == ["fake_broken_setup"]
+        assert "the fake location is not in /" in (out / "report" / "index.html").read_text()
+        # two failing episodes in a row, and one at the very end: still one record each, nothing else lost
+        out2 = tmp_path / "run2"
+        summary = run_eval("coda/Fake-v0", OracleAgent(), out2, ["fake_broken_setup", "fake_type_42"], episodes=2,
+                           progress=False)
+        recs = _lines(out2 / "episodes.jsonl")
+        assert sorted((r["task"], r["episode"], r["success"]) for r in recs) == [
+            ("fake_broken_setup", 0, False), ("fake_broken_setup", 1, False), ("fake_type_42", 0, True),
+            ("fake_type_42", 1, True)]
+        # on two envs (an AsyncVectorEnv, whose worker an exception would shut down): the same
+        out3 = tmp_path / "run3"
+        summary = run_eval("coda/Fake-v0", OracleAgent(), out3, ids[:3] + ids[4:], num_envs=2, progress=False)
+        assert summary["overall"] == {"n": 4, "success": 3, "rate": 0.75}
+        assert "set-up failed" in _records_by_task(out3)["fake_broken_setup"]["error"]
+    finally:
+        unregister_app("fake")
+
+
+def test_a_set_up_failure_is_one_failed_episode_on_real_kalgebra(tmp_path, capsys):
+    """Real KAlgebra through `coda eval` on two envs: a task that validates but whose set-up fails (a 2D
+    function KAlgebra refuses to plot) is one failed episode with the error; the run goes on and exits 0."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "bad_plot.json").write_text(json.dumps({
+        "id": "bad_plot", "app": "kalgebra", "instruction": "Plot nothing.", "steps": 3,
+        "initialize": [{"func": "func_2d", "expr": "(((("}], "evaluate": [{"type": "eqn", "count": 1}],
+        "solution": ["DONE"]}))
+    out = tmp_path / "run"
+    rc = main(["eval", "--agent", "oracle", "--tasks", "calc_power", "bad_plot", "calc_log2_3", "--num-envs", "2",
+               "--tasks-dir", str(tasks), "--out", str(out), "--quiet"])
+    assert rc == 0, capsys.readouterr().err
+    recs = _records_by_task(out)
+    assert set(recs) == {"calc_power", "bad_plot", "calc_log2_3"}
+    assert recs["calc_power"]["success"] and recs["calc_log2_3"]["success"]
+    assert not recs["bad_plot"]["success"] and recs["bad_plot"]["steps"] == 0
+    assert "set-up failed" in recs["bad_plot"]["error"] and "did not add the 2D function" in recs["bad_plot"]["error"]
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert summary["overall"] == {"n": 3, "success": 2, "rate": round(2 / 3, 4)}

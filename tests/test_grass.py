@@ -276,16 +276,28 @@ def test_app_killed_mid_episode_is_survived(grass_env):
 
 @NEEDS_GRASS
 def test_close_leaves_no_process_or_folder():
-    before = set(glob.glob("/tmp/coda-grass-*"))
+    """Nor GRASS's own session folders (`grass8-<user>-<pid>`, of the GUI and of each `db` query): they live
+    in the desktop's folder (TMPDIR), which goes with it."""
+    import tempfile
+    sessions = os.path.join(tempfile.gettempdir(), "grass8-*")
+    before, before_sessions = set(glob.glob("/tmp/coda-grass-*")), set(glob.glob(sessions))
     env = gym.make("coda/GRASS-v0", task="layer_add_raster")
     env.reset()
     token = env.unwrapped.desktop.token
     home = env.unwrapped._home
+    tmpdir = env.unwrapped.desktop.tmpdir
     assert live_token_pids(token)
+    ok, results = run_checks([{"type": "db", "module": "g.list", "args": {"type": "raster"}, "parse": "lines",
+                               "contains": "elevation"}],
+                             CheckContext(answer=None, desktop=env.unwrapped.desktop, home=home,
+                                          state=env.unwrapped.app.state(env.unwrapped.desktop)))
+    assert ok, results[0].detail
+    assert glob.glob(os.path.join(tmpdir, "grass8-*")), "GRASS's session folder is not in the desktop's folder"
     env.close()
     assert wait_until(lambda: not live_token_pids(token), 10) is True or not live_token_pids(token)
-    assert not os.path.exists(home)
+    assert not os.path.exists(home) and not os.path.exists(tmpdir)
     assert set(glob.glob("/tmp/coda-grass-*")) <= before
+    assert set(glob.glob(sessions)) <= before_sessions
 
 
 @NEEDS_GRASS

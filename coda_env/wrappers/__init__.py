@@ -11,9 +11,10 @@ the env checks, parses and whitelists still applies. Typical SB3 stack:
 from .click_grid import ClickGrid
 from .pixels import PixelObservation, decode_instruction, encode_instruction
 from .pointer import PointerAction
+from .setup_failure import SetupFailure
 from .shaping import RewardShaping, ShapingContext, action_error_cost, screen_change_bonus, step_cost
 from .vocabulary import Vocabulary, vocabulary_from_tasks
 
-__all__ = ["ClickGrid", "PixelObservation", "PointerAction", "RewardShaping", "ShapingContext", "Vocabulary",
-           "action_error_cost", "decode_instruction", "encode_instruction", "screen_change_bonus", "step_cost",
-           "vocabulary_from_tasks"]
+__all__ = ["ClickGrid", "PixelObservation", "PointerAction", "RewardShaping", "SetupFailure", "ShapingContext",
+           "Vocabulary", "action_error_cost", "decode_instruction", "encode_instruction", "screen_change_bonus",
+           "step_cost", "vocabulary_from_tasks"]

@@ -18,11 +18,21 @@ import re
 import struct
 from typing import Any
 
-from ._core import AppError, CheckContext, CheckError, CheckType, SetupError, confined
+from . import commands
+from ._core import (MAX_VALUE, AppError, CheckContext, CheckError, CheckType, SetupError, confined, finite_values,
+                    number, relative_path)
 from .adapter import dump_state, quote, rest_run
 
-READ_ONLY = re.compile(r"(?i)^\s*(info(\s|$)|getcrd(\s|$)|measure\s+(center|sasa|area|length|volume|inertia)(\s|$))")
+# The queries a chimerax_info check may run (as resolved by commands.py): they read, never write or reach out.
+READ_ONLY = commands.Policy(
+    commands=frozenset({"info", "getcrd", *(f"info {s}" for s in (
+        "bounds", "models", "chains", "polymers", "residues", "atoms", "selection", "atomattr", "atomcolor",
+        "bondattr", "resattr", "rescolor", "distmat")), *(f"measure {s}" for s in (
+        "center", "sasa", "area", "length", "volume", "inertia"))}),
+    keywords={"mark": "places a marker model (a query must not change the session)"})
 MAX_PATTERN = 500
+MAX_PIXELS = 20_000        # width/height of a saved image
+MAX_ATOMS = 100_000_000    # atoms/residues/chains of a saved structure
 
 
 # ------------------------------------------------------------------ helpers
@@ -67,10 +77,7 @@ def compile_pattern(p: Any) -> re.Pattern:
 
 
 def _tol(c: dict) -> float:
-    t = c.get("tol", 1e-3)
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
-        raise CheckError(f"'tol' must be a non-negative number, got {t!r}")
-    return float(t)
+    return float(number(c.get("tol", 1e-3), "'tol'", 0, MAX_VALUE, error=CheckError))
 
 
 def _text(v: Any) -> str:
@@ -98,6 +105,12 @@ def _one_comparison(c: dict, extra: tuple[str, ...] = ()) -> None:
         compile_pattern(c["pattern"])
     if "tol" in c:
         _tol(c)
+    if "value" in c:
+        finite_values(c["value"], "'value'", CheckError)
+    if "contains" in c and not isinstance(c["contains"], str):
+        number(c["contains"], "'contains' (a string or a number)", error=CheckError)
+    if "exists" in c and not isinstance(c["exists"], bool):
+        raise CheckError("'exists' must be true or false")
 
 
 # ------------------------------------------------------------------ states
@@ -126,11 +139,12 @@ def _info_validate(c: dict) -> None:
         raise CheckError("chimerax_info needs either 'command' (a read-only query) or 'log': true")
     if "command" in c:
         cmd = c["command"]
-        from .setup import FILE_KEYWORDS
-        if (not isinstance(cmd, str) or ";" in cmd or "\n" in cmd or not READ_ONLY.match(cmd)
-                or FILE_KEYWORDS.search(cmd) or re.search(r"(?i)\b(mark|savefile)\b", cmd)):
-            raise CheckError(f"'command' must be one read-only query (info ..., measure center|sasa|area|"
-                             f"length|volume|inertia ..., getcrd ...), got {cmd!r}")
+        try:
+            if len(commands.check(cmd, READ_ONLY)) != 1:
+                raise ValueError("is several commands")
+        except ValueError as e:
+            raise CheckError(f"'command': {e} (a check runs one read-only query: info ..., measure center|sasa|"
+                             f"area|length|volume|inertia ..., getcrd ...)") from None
     if "json" in c and not isinstance(c["json"], (str, list)):
         raise CheckError("'json' must be a path into the command's JSON value")
     _one_comparison(c, ("lines",))
@@ -170,12 +184,26 @@ FILE_KEYS = ("atoms", "residues", "chains", "contains", "width", "height", "stat
 
 def _file_validate(c: dict) -> None:
     try:
+        relative_path(c.get("path"), "'path'", SetupError)
         confined("/nonexistent-home", c.get("path"), "'path'")
     except SetupError as e:
         raise CheckError(str(e)) from None
     keys = [k for k in FILE_KEYS if k in c]
     if not keys:
         raise CheckError(f"chimerax_file needs at least one of {', '.join(FILE_KEYS)}")
+    for k in ("width", "height"):
+        if k in c:
+            number(c[k], f"'{k}'", 1, MAX_PIXELS, integer=True, error=CheckError)
+    for k in ("atoms", "residues"):
+        if k in c:
+            number(c[k], f"'{k}'", 0, MAX_ATOMS, integer=True, error=CheckError)
+    if "chains" in c and not (isinstance(c["chains"], list) and len(c["chains"]) <= MAX_ATOMS
+                              and all(isinstance(x, str) for x in c["chains"])):
+        raise CheckError("'chains' must be a list of chain ids")
+    if "contains" in c and not isinstance(c["contains"], str):
+        raise CheckError("'contains' must be a string")
+    if "exists" in c and not isinstance(c["exists"], bool):
+        raise CheckError("'exists' must be true or false")
     suffix = c["path"].lower().rsplit(".", 1)[-1]
     if "state" in c:
         if suffix != "cxs":

@@ -125,6 +125,7 @@ class Grass:
         self._listener.setblocking(False)
         env = {**data.grass_env(home), SOCKET_ENV: self._sock, "XDG_CONFIG_HOME": str(Path(home, ".config")),
                "XDG_CACHE_HOME": str(Path(home, ".cache")), "NO_AT_BRIDGE": "0"}
+        env.update(data.grass_env(home, desktop.tmpdir))   # TMPDIR in the desktop's folder: goes with it
         mapset = str(Path(self._stable_root(desktop, home), os.path.relpath(self.gisdbase, home), self.location,
                           self.mapset))
         self._quick, self._splash_closed = 0, False
@@ -320,7 +321,7 @@ def run_query(desktop, home: str | None, database: dict, module: str, args: list
     shell, no output options. HOME is a folder of the episode's own, so no user's GRASS settings change."""
     qhome = str(Path(home or "/tmp", ".cache", "coda-grass-query"))
     os.makedirs(qhome, exist_ok=True)
-    env = [f"{k}={v}" for k, v in data.grass_env(qhome).items()]
+    env = [f"{k}={v}" for k, v in data.grass_env(qhome, desktop.tmpdir).items()]
     argv = ["env", *env, "grass", "--tmp-mapset", str(Path(database["gisdbase"], database["location"])),
             "--exec", module, *args]
     try:
@@ -382,6 +383,10 @@ def _layer_validate(op: dict) -> None:
             isinstance(k, str) and re.match(r"^[a-z_]{1,30}$", k) and k != "map"
             and isinstance(v, (str, int, float)) and _PARAM_RE.match(str(v)) for k, v in params.items()):
         raise SetupError("'params' must map d.rast/d.vect option names to simple values")
+    from ...registry import number
+    for k, v in params.items():
+        if not isinstance(v, str):
+            number(v, f"'params' {k}", -1e12, 1e12, error=SetupError)
 
 
 def _layer(ctx, op: dict) -> None:
@@ -410,8 +415,8 @@ def _wait_rendered(ctx, timeout: float = 10.0) -> None:
 
 
 def _scale_validate(op: dict) -> None:
-    if isinstance(op.get("scale"), bool) or not isinstance(op.get("scale"), (int, float)) or op["scale"] <= 0:
-        raise SetupError("'scale' must be a positive number (the n of 1:n)")
+    from ...registry import number
+    number(op.get("scale"), "'scale' (the n of 1:n)", 1, 1e10, error=SetupError)
 
 
 def _scale(ctx, op: dict) -> None:

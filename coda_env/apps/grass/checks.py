@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from ...checks import compile_predicate
-from ...registry import AppError, CheckError, CheckType
+from ...registry import MAX_VALUE, AppError, CheckError, CheckType, finite_values, number
 
 TESTS = ("value", "gt", "ge", "lt", "le", "contains", "all_in", "one_of", "exists", "expr")
 _MISSING = object()
@@ -52,12 +52,22 @@ MODULES: dict[str, tuple[frozenset[str], str]] = {
     "v.db.univar": (frozenset({"map", "column", "where", "layer"}), "ge"),
     "v.category": (frozenset({"input", "option", "type", "layer"}), "g"),
     "v.to.db": (frozenset({"map", "option", "columns", "type", "layer", "units", "separator"}), "p"),
-    "db.describe": (frozenset({"table", "database", "driver"}), "c"),
+    "db.describe": (frozenset({"table"}), "c"),
 }
+# Options refused by name whatever the module, with why: a `db` check reads the episode's own data only.
+REFUSED_OPTIONS = {"database": "names a database file, which the query would open or create (it reads the "
+                               "episode's own attribute database only)",
+                   "driver": "picks a database driver (the episode's own database only)"}
+# Numeric options: (low, high, integer). nsteps: how many ranges a module splits a map into (time and memory).
+NUMBER_OPTIONS = {"nsteps": (1, 10_000, True), "percentile": (0, 100, False), "layer": (-1, 1_000_000, True)}
+# Options naming GRASS elements, files and mapsets: a plain name, no folders.
+NAME_OPTIONS = frozenset({"element", "file", "mapset", "region", "map", "input", "zones", "table", "layer"})
+_PLAIN_NAME = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.@,\-]{0,255}|\.|\*)$")     # also lists; mapset . or *
 _REQUIRED_FLAGS = {"v.to.db": "p"}       # v.to.db writes to the table unless it only prints (-p)
 _VALUE = re.compile(r"^[A-Za-z0-9_.@:,+\-/ =<>'%*|]{0,300}$")
 _WHERE = re.compile(r"^[A-Za-z0-9_.@:,+\-/ =<>'%*()]{1,300}$")
-_FORBIDDEN_SQL = re.compile(r";|--|/\*|\b(insert|update|delete|drop|alter|create|attach|pragma|replace)\b", re.I)
+_FORBIDDEN_SQL = re.compile(r";|--|/\*|\b(insert|update|delete|drop|alter|create|attach|detach|pragma|replace|vacuum|"
+                            r"load_extension|readfile|writefile|fts3_tokenizer)\b", re.I)
 PARSERS = ("text", "lines", "kv", "json", "table", "columns")
 
 
@@ -102,16 +112,28 @@ def resolve(data: Any, path: Any) -> Any:
 
 
 def _number(v: Any) -> float | None:
+    """A finite number, or a string that is one (the state's and GRASS's output hold numbers as text)."""
     if isinstance(v, bool):
         return None
     if isinstance(v, (int, float)):
-        return float(v)
+        return float(v) if math.isfinite(v) else None
     if isinstance(v, str):
         try:
-            return float(v.strip())
+            f = float(v.strip())
         except ValueError:
             return None
+        return f if math.isfinite(f) else None
     return None
+
+
+def _bounded(v: Any, what: str, low: float = -MAX_VALUE, high: float = MAX_VALUE, integer: bool = False) -> None:
+    """A number, or a string of one, finite and in [low, high] (CheckError naming `what` otherwise)."""
+    got = _number(v) if isinstance(v, str) else v
+    if got is None:
+        raise CheckError(f"{what} must be a finite number, got {v!r}")
+    if integer and isinstance(got, float) and got.is_integer() and isinstance(v, str):
+        got = int(got)
+    number(got, what, low, high, integer=integer, error=CheckError)
 
 
 def _equal(got: Any, want: Any, tol: float = 1e-6) -> bool:
@@ -143,10 +165,13 @@ def _validate_test(c: dict) -> None:
     if len(present) != 1 and not ranged:
         raise CheckError(f"needs exactly one test of {', '.join(TESTS)} (or a gt/ge with an lt/le), got {present}")
     for t in ("gt", "ge", "lt", "le"):
-        if t in c and _number(c[t]) is None:
-            raise CheckError(f"{t!r} must be a number")
-    if "tol" in c and (_number(c["tol"]) is None or c["tol"] < 0):
-        raise CheckError("'tol' must be a non-negative number")
+        if t in c:
+            _bounded(c[t], repr(t))
+    if "tol" in c:
+        number(c["tol"], "'tol'", 0, MAX_VALUE, error=CheckError)
+    for t in ("value", "contains", "all_in", "one_of"):
+        if t in c:
+            finite_values(c[t], f"{t!r}", CheckError)
     if "all_in" in c and not isinstance(c["all_in"], list):
         raise CheckError("'all_in' must be a list")
     if "one_of" in c and not isinstance(c["one_of"], list):
@@ -213,16 +238,25 @@ def build_args(c: dict) -> list[str]:
         raise CheckError("'args' must be an object of option: value")
     out = []
     for k, v in args.items():
+        if k in REFUSED_OPTIONS:
+            raise CheckError(f"{module} option {k!r} is refused: it {REFUSED_OPTIONS[k]}")
         if k not in options:
             raise CheckError(f"{module} option {k!r} is not allowed here (allowed: {', '.join(sorted(options))})")
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise CheckError(f"{module} option {k}= must be a string or number")
+        if k in NUMBER_OPTIONS:
+            _bounded(v, f"{module} option {k}=", *NUMBER_OPTIONS[k])
+        elif not isinstance(v, str):
+            number(v, f"{module} option {k}=", error=CheckError)
         v = str(v)
         if k == "where":
             if not _WHERE.match(v) or _FORBIDDEN_SQL.search(v):
                 raise CheckError(f"where={v!r} is not a simple WHERE clause")
         elif not _VALUE.match(v) or "\n" in v:
             raise CheckError(f"{module} option {k}={v!r} has characters that are not allowed")
+        elif (k in NAME_OPTIONS and not _PLAIN_NAME.match(v)) or ".." in v or v.startswith(("/", "~")):
+            raise CheckError(f"{module} option {k}={v[:80]!r} must be a plain GRASS name (no '..', no folders, "
+                             f"not an absolute path): a check reads the episode's location only")
         out.append(f"{k}={v}")
     f = c.get("flags", "")
     if not isinstance(f, str) or any(ch not in flags for ch in f):

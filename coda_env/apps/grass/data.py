@@ -36,11 +36,15 @@ def cache_root() -> Path:
     return Path(base) / "grass" / DATA_VERSION
 
 
-def grass_env(home: str | None = None) -> dict[str, str]:
-    """Environment for a GRASS command: Debian's Python, C locale, and HOME (GRASS writes ~/.grass8)."""
+def grass_env(home: str | None = None, tmpdir: str | None = None) -> dict[str, str]:
+    """Environment for a GRASS command: Debian's Python, C locale, HOME (GRASS writes ~/.grass8) and, given
+    the desktop's own folder, TMPDIR in it: GRASS's session folder (`grass8-<user>-<pid>`, left behind when
+    the GUI is killed) and every temporary file of its modules then go with the desktop."""
     env = {"GRASS_PYTHON": SYSTEM_PYTHON, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     if home:
         env["HOME"] = home
+    if tmpdir:
+        env["TMPDIR"] = tmpdir
     return env
 
 

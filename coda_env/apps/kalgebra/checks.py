@@ -17,7 +17,9 @@ import re
 from typing import Any, Callable
 
 from ...checks import check_tolerance, is_number
-from ...registry import CheckContext, CheckError, CheckType
+from ...registry import CheckContext, CheckError, CheckType, number
+
+MAX_FUNCTIONS = 1000       # `count` of plotted functions, and points per check
 
 
 def _name(c: dict) -> None:
@@ -39,6 +41,7 @@ def _val_validate(c: dict) -> None:
     _name(c)
     if not is_number(c.get("value")):
         raise CheckError("check 'val' needs a finite numeric value")
+    number(c["value"], "check 'val' value", error=CheckError)
     check_tolerance(c)
 
 
@@ -48,15 +51,17 @@ def _eqn_validate(c: dict) -> None:
     dim = c.get("dim", 2)
     if dim not in (2, 3) or isinstance(dim, bool):
         raise CheckError("check 'eqn' dim must be 2 or 3")
-    if "count" in c and (not isinstance(c["count"], int) or isinstance(c["count"], bool) or c["count"] < 0):
-        raise CheckError("check 'eqn' count must be an integer >= 0")
+    if "count" in c:
+        number(c["count"], "check 'eqn' count", 0, MAX_FUNCTIONS, integer=True, error=CheckError)
     check_tolerance(c)
-    if "points" in c and not isinstance(c["points"], list):
-        raise CheckError("check 'eqn' points must be a list")
+    if "points" in c and (not isinstance(c["points"], list) or len(c["points"]) > MAX_FUNCTIONS):
+        raise CheckError(f"check 'eqn' points must be a list of at most {MAX_FUNCTIONS}")
     for p in c.get("points", []):
         if (not isinstance(p, list) or len(p) != dim + 1 or not isinstance(p[-1], bool)
                 or not all(is_number(v) for v in p[:-1])):
             raise CheckError(f"check 'eqn' point {p!r} must be [{'x, y' if dim == 2 else 'x, y, z'}, true|false]")
+        for v in p[:-1]:
+            number(v, "check 'eqn' point coordinate", error=CheckError)
 
 
 def _variables(ctx: CheckContext) -> dict:
