@@ -272,7 +272,9 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in ("apps", "tree") or (argv[0] == "tree" and len(argv) < 3):
         print(main.__doc__, file=sys.stderr)
         return 2
-    address = os.environ.get("DBUS_SESSION_BUS_ADDRESS", "") if argv[1] == "-" else argv[1]
+    # "-": the caller's own bus, as a toolkit finds it (AT_SPI_BUS_ADDRESS first, as atk-bridge and Qt do)
+    address = (os.environ.get("AT_SPI_BUS_ADDRESS") or os.environ.get("DBUS_SESSION_BUS_ADDRESS", "")
+               if argv[1] == "-" else argv[1])
     try:
         client = A11yClient(address)
         try:

@@ -292,7 +292,8 @@ def test_close_leaves_no_process_or_folder():
                              CheckContext(answer=None, desktop=env.unwrapped.desktop, home=home,
                                           state=env.unwrapped.app.state(env.unwrapped.desktop)))
     assert ok, results[0].detail
-    assert glob.glob(os.path.join(tmpdir, "grass8-*")), "GRASS's session folder is not in the desktop's folder"
+    assert glob.glob(os.path.join(tmpdir, "**", "grass8-*"), recursive=True), \
+        "GRASS's session folder is not in the desktop's folder"
     env.close()
     assert wait_until(lambda: not live_token_pids(token), 10) is True or not live_token_pids(token)
     assert not os.path.exists(home) and not os.path.exists(tmpdir)

@@ -28,6 +28,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -125,7 +126,10 @@ class Grass:
         self._listener.setblocking(False)
         env = {**data.grass_env(home), SOCKET_ENV: self._sock, "XDG_CONFIG_HOME": str(Path(home, ".config")),
                "XDG_CACHE_HOME": str(Path(home, ".cache")), "NO_AT_BRIDGE": "0"}
-        env.update(data.grass_env(home, desktop.tmpdir))   # TMPDIR in the desktop's folder: goes with it
+        # GRASS's session folder (grass8-<user>-<pid>) in the home, which goes with the episode; the app is
+        # sealed and can write nowhere else (the desktop's own folder is not even visible to it)
+        os.makedirs(os.path.join(home, ".tmp"), exist_ok=True)
+        env.update(data.grass_env(home, os.path.join(home, ".tmp")))
         mapset = str(Path(self._stable_root(desktop, home), os.path.relpath(self.gisdbase, home), self.location,
                           self.mapset))
         self._quick, self._splash_closed = 0, False
@@ -318,16 +322,27 @@ def run_query(desktop, home: str | None, database: dict, module: str, args: list
               timeout: float = 60.0) -> str:
     """Run one GRASS module on the episode's location in a throwaway mapset (`--tmp-mapset`, so the GUI's
     lock on its mapset stays); its stdout. `module`/`args` must already be whitelisted (checks.py): no
-    shell, no output options. HOME is a folder of the episode's own, so no user's GRASS settings change."""
-    qhome = str(Path(home or "/tmp", ".cache", "coda-grass-query"))
-    os.makedirs(qhome, exist_ok=True)
-    env = [f"{k}={v}" for k, v in data.grass_env(qhome, desktop.tmpdir).items()]
+    shell, no output options.
+
+    It runs sealed like the app (as the app's user, so what it leaves in the location is the app's to change),
+    able to write only the episode's home (the throwaway mapset) and a HOME of its own in the desktop's folder,
+    which the app cannot see: GRASS reads start-up files from HOME, and the app's home is the agent's to
+    write. On a VM (no desktop folder) HOME is a folder in the episode's home, as before."""
+    if desktop.tmpdir and home:
+        qhome = tempfile.mkdtemp(prefix="check-grass-", dir=desktop.tmpdir)
+    else:
+        qhome = str(Path(home or "/tmp", ".cache", "coda-grass-query"))
+        os.makedirs(qhome, exist_ok=True)
+    env = [f"{k}={v}" for k, v in data.grass_env(qhome, qhome).items()]
     argv = ["env", *env, "grass", "--tmp-mapset", str(Path(database["gisdbase"], database["location"])),
             "--exec", module, *args]
     try:
-        r = desktop.run(argv, timeout=timeout)
+        r = desktop.run(argv, timeout=timeout, writable=[qhome, home] if desktop.tmpdir and home else None)
     except subprocess.TimeoutExpired:
         raise AppError(f"GRASS query {module} took over {timeout}s") from None
+    finally:
+        if desktop.tmpdir and home:
+            shutil.rmtree(qhome, ignore_errors=True)
     out = r.stdout.decode(errors="replace") if isinstance(r.stdout, bytes) else (r.stdout or "")
     if r.returncode != 0:
         err = r.stderr.decode(errors="replace") if isinstance(r.stderr, bytes) else (r.stderr or "")
