@@ -292,7 +292,7 @@ def test_close_leaves_no_process_or_folder():
                              CheckContext(answer=None, desktop=env.unwrapped.desktop, home=home,
                                           state=env.unwrapped.app.state(env.unwrapped.desktop)))
     assert ok, results[0].detail
-    assert glob.glob(os.path.join(tmpdir, "**", "grass8-*"), recursive=True), \
+    assert glob.glob(os.path.join(tmpdir, "**", "grass8-*"), recursive=True, include_hidden=True), \
         "GRASS's session folder is not in the desktop's folder"
     env.close()
     assert wait_until(lambda: not live_token_pids(token), 10) is True or not live_token_pids(token)
