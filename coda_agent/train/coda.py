@@ -78,7 +78,7 @@ class CodaConfig(TrainConfig):
     epochs: float = opt(1.0, "passes over the states when --max-steps is -1")
     lr: float = opt(1e-6, "AdamW learning rate")
     lr_scheduler: str = opt("constant", "learning-rate schedule (transformers' names: constant, linear, cosine)")
-    warmup_ratio: float = opt(0.0, "fraction of the steps spent warming the learning rate up")
+    warmup_steps: float = opt(0.0, "learning-rate warm-up: steps (an integer), or a fraction of all steps (< 1)")
     temperature: float = opt(1.0, "planner sampling temperature")
     top_p: float = opt(1.0, "nucleus sampling of the planner")
     max_new_tokens: int = opt(256, "tokens per plan (TRL's max_completion_length)")
@@ -231,7 +231,7 @@ def grpo_args(cfg: CodaConfig, out: Path, processor, has_eval: bool, progress: b
         gen_kwargs = {"suppress_tokens": processor.vision_token_ids()}
     return GRPOConfig(
         output_dir=str(out / "checkpoints"), seed=cfg.seed, use_cpu=not cuda, bf16=bf16, fp16=False,
-        learning_rate=cfg.lr, lr_scheduler_type=cfg.lr_scheduler, warmup_ratio=cfg.warmup_ratio,
+        learning_rate=cfg.lr, lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, weight_decay=0.0,
         per_device_train_batch_size=cfg.micro_batch, gradient_accumulation_steps=per_step // (cfg.micro_batch * world),
         per_device_eval_batch_size=cfg.micro_batch,
@@ -299,6 +299,9 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
         eval_dataset=eval_states.with_transform(transform) if eval_states is not None else None,
         processing_class=processor, peft_config=peft_config,
         callbacks=[RunLogCallback(out, extra_log)])
+    if not progress:                            # --quiet: no progress bar, and no log dicts printed either
+        from transformers.trainer_callback import PrinterCallback
+        trainer.remove_callback(PrinterCallback)
     trainer.coda_app = app
     return trainer
 
@@ -306,32 +309,38 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
 def train_once(cfg: CodaConfig, out: Path | None = None, model=None, processor=None, executor=None,
                train_states=None, eval_states=None, progress: bool = True, extra_log: dict | None = None
                ) -> dict:
-    """One GRPO run over state datasets: held-out reward before (when --eval-data), training (resumed from the
-    newest checkpoint unless --no-resume), held-out reward after, and the planner exported to OUT/planner.
-    Returns a summary record (also the last line of OUT/metrics.jsonl)."""
-    from .steplevel import export_planner, last_checkpoint
+    """One GRPO run over state datasets (`build_trainer`, then `run_trainer`). Returns its summary record."""
     out = Path(out or cfg.out)
     trainer = build_trainer(cfg, out, model, processor, executor, train_states, eval_states, progress, extra_log)
+    return run_trainer(trainer, cfg, out, base=cfg.planner if model is None else None, extra_log=extra_log)
+
+
+def run_trainer(trainer, cfg: CodaConfig, out: Path, base: str | None = None, extra_log: dict | None = None
+                ) -> dict:
+    """Held-out reward before (with --eval-data), training (resumed from the newest checkpoint unless
+    --no-resume), held-out reward after, and the planner exported to OUT/planner (merged into `base`, the
+    planner's checkpoint directory, or into a copy of the in-memory model when None). Returns a summary
+    record, also the last line of OUT/metrics.jsonl."""
+    from .steplevel import export_planner, last_checkpoint
+    out = Path(out)
     if trainer.accelerator.is_main_process:
         write_config(out, cfg)
     resume = last_checkpoint(out / "checkpoints") if cfg.resume else None
     summary: dict[str, Any] = {"states": len(trainer.train_dataset)}
-    t0 = time.monotonic()
     if trainer.eval_dataset is not None and resume is None:
-        summary["eval_reward_before"] = trainer.evaluate(metric_key_prefix="eval_before")["eval_before_reward"]
+        summary["eval_reward_before"] = trainer.evaluate()["eval_reward"]
+    t0 = time.monotonic()
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     summary.update(train_seconds=time.monotonic() - t0, steps=trainer.state.global_step,
                    train_loss=result.training_loss)
     if trainer.eval_dataset is not None:
-        summary["eval_reward_after"] = trainer.evaluate(metric_key_prefix="eval_after")["eval_after_reward"]
+        summary["eval_reward_after"] = trainer.evaluate()["eval_reward"]
     summary.update(_throughput(trainer))
-    base = cfg.planner if model is None or isinstance(model, str) else None
     export_planner(trainer, base, trainer.processing_class, out / "planner")
     summary["planner"] = str(out / "planner")
     if trainer.accelerator.is_main_process:
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"summary": True, **(extra_log or {}), **summary}) + "\n")
-    trainer.coda_summary = summary
     return summary
 
 

@@ -1,0 +1,273 @@
+"""`coda train coda`: CODA's stage 1 as published, step-level GRPO on TRL's GRPOTrainer over state datasets.
+
+Fast tier (marker `fast`: no X server): tiny real Qwen2.5-VL checkpoints (coda_agent.tiny), SYNTHETIC states
+(random screens with a hand-written accessibility table, named as such), the real a11y executor and the real
+reward; the trainer, its settings, errors, metrics, checkpoints, export and the launcher. Then the learning test
+(marker `slow`): real KAlgebra states, a tiny planner warmed up to write one of four plans, GRPO through the a11y
+executor raises its mean reward on held-out states."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+
+from coda_agent.models import TransformersVLM                                                  # noqa: E402
+from coda_agent.tiny import build_tiny_qwen2_5_vl                                              # noqa: E402
+from coda_agent.train import METHODS, add_arguments, config_from_args                          # noqa: E402
+from coda_agent.train.coda import CodaConfig, build_trainer, config_flags, grpo_args, launch_command  # noqa: E402
+from coda_agent.train.steplevel import ImageTextProcessor, load_states, trl_messages           # noqa: E402
+
+fast = pytest.mark.fast
+ROOT = Path(__file__).resolve().parent.parent
+
+# A SYNTHETIC screen's accessibility table: KAlgebra's four tabs where the real app has them.
+TABLE = ("role\tname\ttext\tx,y,w,h\tstates\n"
+         "page tab\tCalculator\t\t0,39,85,27\tenabled,showing\n"
+         "page tab\t2D Graph\t\t85,39,82,27\tenabled,showing\n"
+         "page tab\t3D Graph\t\t167,39,82,27\tenabled,showing\n"
+         "page tab\tDictionary\t\t249,39,86,27\tenabled,showing\n")
+
+
+def synthetic_states(path: Path, n: int = 4, app: str = "kalgebra", history: int = 0) -> Path:
+    """SYNTHETIC state dataset in the contract's format (random screens; target: the '2D Graph' tab)."""
+    from datasets import Dataset, Features, Image, Sequence, Value
+    rng = np.random.default_rng(len(str(path)))
+    rows = []
+    for i in range(n):
+        hist = [{"thought": f"t{k}", "action": f"Click the 'Calculator' tab ({k})"} for k in range(history)]
+        rows.append({"id": f"synthetic_{i}#{history + 1}", "app": app, "task": f"synthetic_{i}", "step": history + 1,
+                     "source": "synthetic", "instruction": f"Plot x^{i} in the 2D Graph.", "history": json.dumps(hist),
+                     "images": [rng.integers(0, 255, (800, 1280, 3), dtype=np.uint8) for _ in range(min(history, 2) + 1)],
+                     "target": "pyautogui.click(125, 53)", "box": [85, 39, 166, 65], "radius": 20.0,
+                     "screen": [1280, 800], "a11y_tree": TABLE})
+    feats = Features({"id": Value("string"), "app": Value("string"), "task": Value("string"), "step": Value("int32"),
+                      "source": Value("string"), "instruction": Value("string"), "history": Value("string"),
+                      "images": Sequence(Image()), "target": Value("string"), "box": Sequence(Value("int32")),
+                      "radius": Value("float32"), "screen": Sequence(Value("int32")), "a11y_tree": Value("string")})
+    Dataset.from_list(rows, features=feats).save_to_disk(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny") / "m")
+
+
+@pytest.fixture(scope="module")
+def states_dir(tmp_path_factory):
+    return synthetic_states(tmp_path_factory.mktemp("states") / "synthetic", n=4, history=3)
+
+
+def _cfg(tiny_dir, states_dir, out, **kw):
+    base = dict(planner=str(tiny_dir), data=[str(states_dir)], out=str(out), executor="a11y", group_size=4,
+                states_per_step=2, micro_batch=4, max_steps=1, max_new_tokens=8, lora_r=4, lora_alpha=8, lr=1e-2,
+                save_steps=1, seed=0)
+    return CodaConfig(**{**base, **kw})
+
+
+# ------------------------------------------------------------------------------------------ pieces
+@fast
+def test_action_reward_is_importable_from_the_method():
+    from coda_agent.train import coda, rewards
+    assert coda.action_reward is rewards.action_reward
+    assert coda.action_reward("pyautogui.click(100, 50)", "pyautogui.click(125, 53)", (85, 39, 166, 65),
+                              (1280, 800)) == 2.0
+
+
+@fast
+def test_processor_gives_the_live_agents_token_ids(tiny_dir, states_dir):
+    """The prompt TRL tokenizes (ImageTextProcessor over the stored state) is, token for token, the prompt the
+    live planner sends (TransformersVLM.build_inputs over the same conversation)."""
+    from coda_agent.states import planner_conversation
+    ds, _ = load_states([states_dir])
+    vlm = TransformersVLM(tiny_dir)
+    proc = ImageTextProcessor.from_checkpoint(tiny_dir)
+    for record in ds:
+        conv = planner_conversation(record, history_images=2)
+        live = vlm.build_inputs([conv])["input_ids"][0].tolist()
+        msgs, images = trl_messages(conv)
+        from trl.data_utils import prepare_multimodal_messages
+        ids = proc.apply_chat_template([prepare_multimodal_messages(msgs, images)], tokenize=True,
+                                       return_dict=True, add_generation_prompt=True)["input_ids"][0]
+        assert list(ids) == live
+        assert sum(p["type"] == "image" for m in msgs for p in m["content"]) == len(images) == 3
+
+
+@fast
+def test_help_shows_every_setting_with_its_default(capsys):
+    from coda_agent.cli import main
+    assert "coda" in METHODS
+    with pytest.raises(SystemExit) as e:
+        main(["train", "coda", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for f in dataclasses.fields(CodaConfig):
+        assert f"--{f.name.replace('_', '-')}" in text, f.name
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+    for shown in ("--group-size GROUP_SIZE plans sampled per state: the GRPO group G (TRL's num_generations) "
+                  "(default: 8)", "(default: 1e-06)", "(default: 0.04)", "(default: 0.2)", "(default: colocate)",
+                  "--use-vllm, --no-use-vllm", "--rounds ROUNDS"):
+        assert shown in text, shown
+
+
+@fast
+def test_settings_map_onto_trls_config(tiny_dir, tmp_path):
+    proc = ImageTextProcessor.from_checkpoint(tiny_dir)
+    cfg = CodaConfig(group_size=8, states_per_step=4, micro_batch=8, kl_coef=0.01, clip_eps=0.3, lr=5e-7,
+                     temperature=0.9, use_vllm=True, vllm_mode="server", vllm_server_port=8123)
+    a = grpo_args(cfg, tmp_path, proc, has_eval=False)
+    assert isinstance(a, trl.GRPOConfig)
+    assert (a.num_generations, a.per_device_train_batch_size, a.gradient_accumulation_steps, a.beta, a.epsilon,
+            a.learning_rate, a.temperature, a.use_vllm, a.vllm_mode, a.vllm_server_port, a.loss_type) == \
+        (8, 8, 4, 0.01, 0.3, 5e-7, 0.9, True, "server", 8123, "grpo")
+    assert a.generation_kwargs is None                            # vLLM: no transformers-only generation kwargs
+    a = grpo_args(CodaConfig(), tmp_path, proc, has_eval=False)
+    assert a.generation_kwargs["suppress_tokens"] == proc.vision_token_ids()   # no vision placeholders written
+    with pytest.raises(ValueError, match="must divide"):
+        grpo_args(CodaConfig(group_size=3, states_per_step=1, micro_batch=2), tmp_path, proc, has_eval=False)
+
+
+@fast
+def test_config_flags_rebuild_the_config_and_the_launcher_command():
+    import argparse
+    cfg = CodaConfig(planner="/p", data=["a", "b"], executor="http://h:1/v1", kl_coef=0.0, resume=False,
+                     use_vllm=True, tasks=["t1"], clip_eps_high=0.28)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    again = config_from_args(CodaConfig, p.parse_args(["coda", *config_flags(cfg)]))
+    assert again == cfg
+    argv = launch_command("accelerate launch --config_file configs/accelerate/multi_gpu_zero3.yaml", cfg)
+    assert argv[:5] == ["accelerate", "launch", "--config_file", "configs/accelerate/multi_gpu_zero3.yaml", "-m"]
+    assert argv[5:8] == ["coda_agent.cli", "train", "coda"]
+    assert launch_command("srun -n 1", cfg)[2:4] != ["-m", "coda_agent.cli"]     # srun runs this Python
+
+
+@fast
+def test_accelerate_configs_load():
+    from accelerate.commands.config.config_args import load_config_from_file
+    kinds = {}
+    for f in sorted((ROOT / "configs" / "accelerate").glob("*.yaml")):
+        c = load_config_from_file(str(f))
+        kinds[f.stem] = (str(c.distributed_type), c.mixed_precision)
+    assert kinds == {"single_gpu": ("DistributedType.NO", "bf16"),
+                     "multi_gpu_zero3": ("DistributedType.DEEPSPEED", "bf16"),
+                     "multi_gpu_fsdp": ("DistributedType.FSDP", "bf16")}
+
+
+# ------------------------------------------------------------------------------------------ errors
+@fast
+def test_errors_are_one_line_and_exit_code_2(tiny_dir, states_dir, tmp_path, capsys):
+    from coda_agent.cli import main
+    other = synthetic_states(tmp_path / "texstudio", n=2, app="texstudio")
+    base = ["train", "coda", "--planner", str(tiny_dir), "--executor", "a11y", "--out", str(tmp_path / "run")]
+    cases = {
+        "missing dataset": (base + ["--data", str(tmp_path / "nowhere")], "does not exist"),
+        "another app (--app)": (base + ["--data", str(other), "--app", "kalgebra"], "not kalgebra"),
+        "another app (--env)": (base + ["--data", str(other), "--env", "coda/KAlgebra-v0"], "not kalgebra"),
+        "mixed apps": (base + ["--data", str(states_dir), str(other)], "mix apps"),
+        "no dataset": (base, "--data"),
+        "unreachable executor": (["train", "coda", "--planner", str(tiny_dir), "--data", str(states_dir),
+                                  "--executor", "http://127.0.0.1:9/v1", "--out", str(tmp_path / "run")],
+                                 "did not answer"),
+        "no executor": (["train", "coda", "--planner", str(tiny_dir), "--data", str(states_dir), "--out",
+                         str(tmp_path / "run")], "--executor"),
+        "endpoint planner": (base + ["--data", str(states_dir), "--planner", "http://127.0.0.1:9"], "endpoint"),
+    }
+    for name, (argv, needle) in cases.items():
+        assert main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("coda train coda: error:"), (name, err)
+        assert needle in err, (name, err)
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------ the trainer
+@pytest.fixture(scope="module")
+def one_run(tiny_dir, states_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("coda") / "run"
+    cfg = _cfg(tiny_dir, states_dir, out, eval_data=[str(states_dir)], eval_generations=4)
+    trainer = build_trainer(cfg, out, progress=False)            # what `coda train coda` builds, then runs
+    from coda_agent.train.coda import run_trainer
+    summary = run_trainer(trainer, cfg, out, base=cfg.planner)
+    return {"cfg": cfg, "out": out, "trainer": trainer, "summary": summary}
+
+
+@fast
+def test_the_trainer_is_trls(one_run):
+    assert isinstance(one_run["trainer"], trl.GRPOTrainer)
+    assert one_run["trainer"].reward_func_names == ["action_reward"]
+    assert one_run["trainer"].num_generations == 4
+
+
+@fast
+def test_run_writes_metrics_checkpoints_and_a_planner_eval_loads(one_run, tiny_dir):
+    out, summary = one_run["out"], one_run["summary"]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "rewards/action_reward/mean" in x]
+    assert steps and all(k in steps[-1] for k in ("reward", "kl", "executor/parse_error_rate",
+                                                  "planner/parse_error_rate", "completions/mean_length"))
+    assert lines[-1]["summary"] and {"eval_reward_before", "eval_reward_after", "states_per_s",
+                                     "generated_tokens_per_s"} <= set(lines[-1])
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+    assert (out / "checkpoints" / "checkpoint-1" / "trainer_state.json").exists()
+    assert json.loads((out / "config.json").read_text())["group_size"] == 4
+    planner = TransformersVLM(out / "planner")                       # what `coda eval --planner` loads
+    base = TransformersVLM(tiny_dir)
+    diff = sum(float((a - b).abs().sum()) for a, b in zip(planner.model.state_dict().values(),
+                                                          base.model.state_dict().values()))
+    assert diff > 0                                                  # the merged adapter changed the weights
+    assert summary["steps"] == 1
+
+
+@fast
+def test_rerun_resumes_from_the_newest_checkpoint(one_run):
+    from coda_agent.train.coda import train_once
+    cfg = dataclasses.replace(one_run["cfg"], max_steps=2, eval_data=[])
+    summary = train_once(cfg, progress=False)
+    assert summary["steps"] == 2
+    state = json.loads((one_run["out"] / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert [r["step"] for r in state["log_history"] if "loss" in r] == [1, 2]
+
+
+# ------------------------------------------------------------------------------------------ GPU benchmark (CPU side)
+@fast
+def test_gpu_benchmark_arguments(capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_train", ROOT / "benchmarks" / "gpu_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--dry-run"]) == 0
+    shown = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert (shown["steps"], shown["group_size"], shown["data"]) == (3, 8, "SYNTHETIC")
+    for bad in (["--steps", "0"], ["--group-size", "1"], ["--model", "3b", "--device", "cpu"],
+                ["--states-per-step", "3", "--group-size", "3", "--micro-batch", "2"]):
+        with pytest.raises(SystemExit) as e:
+            bench.parse_args(bad)
+        assert e.value.code == 2
+    cfg = bench.coda_config(bench.parse_args([]))
+    assert (cfg.group_size, cfg.max_steps, cfg.lora_r > 0, cfg.executor) == (8, 3, True, "a11y")
+    if not torch.cuda.is_available():
+        assert bench.main([]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path, states_dir, capsys):
+    """The benchmark's whole path (model built from a config, LoRA, TRL, the executor reward plus the
+    synthetic one, the adapter check) with the tiny config on the CPU."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_train", ROOT / "benchmarks" / "gpu_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rc = bench.main(["--model", "tiny", "--device", "cpu", "--data", str(states_dir), "--states", "8",
+                     "--steps", "2", "--group-size", "4", "--states-per-step", "2", "--micro-batch", "8",
+                     "--max-new-tokens", "8", "--lr", "1e-2", "--out", str(tmp_path / "b")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    result = json.loads(next(x for x in out.splitlines() if x.startswith('{"model_build_s"')))
+    assert result["loss_finite"] and result["adapter_changed"] and len(result["seconds_per_step"]) == 2
