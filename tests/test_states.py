@@ -259,6 +259,17 @@ def test_run_states_prompts_are_the_live_prompts(tmp_path, tiny):
         assert torch.equal(a["input_ids"], b["input_ids"]), row["id"]
         assert torch.equal(a["pixel_values"], b["pixel_values"]) and torch.equal(a["image_grid_thw"],
                                                                                    b["image_grid_thw"])
+    # --judge URL decides success instead of the checks: a judge that says yes keeps the failed episode too
+    from .test_judge import _StandIn
+    judge = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=judge.serve_forever, daemon=True).start()
+    try:
+        assert main(["data", "states", str(run), "--judge", f"http://127.0.0.1:{judge.server_address[1]}",
+                     "--out", str(tmp_path / "judged"), "--quiet"]) == 0
+    finally:
+        judge.shutdown()
+    assert sorted(states.load(tmp_path / "judged")["task"]) == ["calc_factorial_10"] * 3 + ["calc_power"] + \
+        ["tab_3d_graph"] * 2
     factorial = [json.loads(r["history"]) for r in ds if r["task"] == "calc_factorial_10"]
     assert factorial[-1] == [{"thought": "The console is empty.", "action": "Click the input line at the bottom"},
                              {"thought": "It has focus.", "action": "Type 'f:=factorial(10)' and press enter"}]
