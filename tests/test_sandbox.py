@@ -16,6 +16,7 @@ import threading
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from coda_env.backends import sandbox as sb
@@ -283,5 +284,31 @@ def test_texstudio_empty_pdf_does_not_pass_build_pdf():
                                          b"%PDF-1.4\n%%EOF\n")
         obs, r, term, trunc, info = env.step("DONE")
         assert r == 0.0, info
+    finally:
+        env.close()
+
+
+# --------------------------------------------------------------------------------------- the desktop around the app
+def test_closing_the_app_leaves_no_way_out_on_the_desktop():
+    """An agent that iconifies the app (the title bar's button) and clicks or keys on the bare desktop finds
+    no menu, terminal or launcher there. (Quitting the app ends the episode.)"""
+    env = CodaEnv(app="kalgebra", max_steps=50)
+    try:
+        obs, _ = env.reset(options={"task": "calc_power"})
+        d = env.unwrapped.desktop
+        env.step("pyautogui.click(1237, 9)")   # openbox's iconify button, top right
+        obs = env.step("WAIT")[0]
+        assert (obs["screenshot"][100:700, 100:1000] == obs["screenshot"][400, 600]).all(), "the app still shows"
+        before = set(d.pids())
+        bare = env.step("WAIT")[0]["screenshot"]
+        for button in ("right", "middle", "left"):
+            obs, r, term, trunc, info = env.step(f"pyautogui.click(640, 400, button={button!r})")
+            # openbox's stock root menu (with its terminal entry) would be drawn here
+            assert np.array_equal(obs["screenshot"], bare), f"a {button} click on the desktop showed something"
+        for keys in (("alt", "f2"), ("ctrl", "alt", "t"), ("super", "e"), ("alt", "f3")):
+            env.step("pyautogui.hotkey(" + ", ".join(repr(k) for k in keys) + ")")
+        env.step("WAIT")
+        assert [w.wm_class for w in d.windows()] == ["kalgebra"], f"something opened: {d.windows()}"
+        assert set(d.pids()) <= before, "a program was started on the bare desktop"
     finally:
         env.close()
