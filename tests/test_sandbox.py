@@ -312,3 +312,25 @@ def test_closing_the_app_leaves_no_way_out_on_the_desktop():
         assert set(d.pids()) <= before, "a program was started on the bare desktop"
     finally:
         env.close()
+
+
+def test_a_second_app_of_the_same_name_is_never_read_in_the_apps_place(kalgebra_env):
+    """A program started later that registers on the accessibility bus under the app's name (an impostor an
+    app's terminal could start) is not what the env's reader reads: the reader stays on the app it found."""
+    env = kalgebra_env.unwrapped
+    env.reset(options={"task": "calc_power"})
+    d = env.desktop
+    client = env.app._client(d)
+    first = client.application("kalgebra")
+    assert first is not None
+    home = os.path.join(d.tmpdir, "coda-impostor-home")
+    os.mkdir(home)
+    impostor = d.spawn(["kalgebra"], env={"HOME": home, "QT_QUICK_BACKEND": "software"}, cwd=home)
+    try:
+        assert wait_until(lambda: sum(a.name == "kalgebra" for a in client.applications()) == 2, 20), \
+            "the second KAlgebra did not register"
+        assert client.application("kalgebra").bus == first.bus
+        env.desktop.kill_group(env.procs["kalgebra"])   # the app itself gone: nothing is read in its place
+        assert wait_until(lambda: client.application("kalgebra") is None, 10)
+    finally:
+        d.kill_group(impostor)
