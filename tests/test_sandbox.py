@@ -334,3 +334,38 @@ def test_a_second_app_of_the_same_name_is_never_read_in_the_apps_place(kalgebra_
         assert wait_until(lambda: client.application("kalgebra") is None, 10)
     finally:
         d.kill_group(impostor)
+
+
+NONROOT = r"""
+import json, os, subprocess, sys, tempfile
+sys.path[:0] = sys.argv[1:]
+from coda_env.backends import sandbox as sb
+why = sb.probe()
+home = tempfile.mkdtemp()
+argv = sb.wrap_argv(["sh", "-c", "id -u; touch $HOME/x && echo wrote; ls -A /root 2>&1 | head -1; "
+                     "unshare -r true 2>/dev/null && echo userns-made || echo userns-refused"],
+                    sb.SandboxConfig(), [home], [], {"HOME": home, "PATH": sb.SAFE_PATH}, home)
+r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+print(json.dumps({"probe": why, "uid": os.getuid(), "rc": r.returncode, "out": r.stdout.split("\n")}))
+"""
+
+
+@pytest.mark.skipif(not ROOTED, reason="needs root to become a plain user (setpriv)")
+def test_as_a_plain_user_the_sandbox_keeps_the_users_uid_and_allows_no_namespaces():
+    """The path a user who is not root takes: bwrap's own user namespace maps the user's uid, and no
+    further user namespace can be made inside (--disable-userns)."""
+    import json
+    import sys
+    py = "/usr/bin/python3"
+    ver = subprocess.run([py, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    if ver.stdout.strip() != str(tuple(sys.version_info[:2])):
+        pytest.skip("Debian's python3 is another version than this venv's: it cannot load the venv's packages")
+    site = next(p for p in sys.path if p.endswith("site-packages") and ".venv" in p)
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "HOME=/tmp", py,
+                        "-c", NONROOT, str(ROOT), site], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-500:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["probe"] is None and got["rc"] == 0, got
+    assert got["out"][0] == "65534" and "wrote" in got["out"], got
+    assert "userns-refused" in got["out"], got
+    assert "No such file" in got["out"][2], got   # the user's home (root's here) is not there at all
