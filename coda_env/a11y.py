@@ -236,6 +236,7 @@ class A11yClient:
                  a11y_address: str | None = None):
         """Either the accessibility bus's own address, or a session bus whose org.a11y.Bus names it."""
         self.timeout = timeout
+        self._pinned: dict[str, str] = {}   # app name -> the bus connection it was first found on
         try:
             self._conn = open_dbus_connection(a11y_address or bus_address(session_address or ""))
         except Exception as e:
@@ -279,7 +280,17 @@ class A11yClient:
         return apps
 
     def application(self, name: str) -> Node | None:
-        return next((a for a in self.applications() if a.name == name), None)
+        """The first application of that name on the bus; once found, always that one (its bus connection):
+        a program that registers later under the same name (an app's terminal could start one) is never
+        read in its place, while this client lives (the adapters keep one per episode)."""
+        apps = self.applications()
+        pinned = self._pinned.get(name)
+        if pinned is not None:
+            return next((a for a in apps if a.bus == pinned and a.name == name), None)
+        app = next((a for a in apps if a.name == name), None)
+        if app is not None:
+            self._pinned[name] = app.bus
+        return app
 
     def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
                  details_roles: frozenset[str] = frozenset()) -> Node | None:
