@@ -673,3 +673,23 @@ def test_scienceboard_oracles_with_user_structures_on_engine(engine, stem):
         engine.app.typed(engine.desktop, cmd)
     results = engine.evaluate(task, oracle_answer(task["solution"]))
     assert all(ok for ok, _ in results), f"{stem}: {[d for ok, d in results if not ok]}"
+
+
+@needs_engine
+def test_a_replaced_inside_py_or_state_file_forges_nothing(engine):
+    """The env runs inside.py once, at launch, and reads the state from `codadump`'s REST answer: a script
+    or dump written over them in the agent-writable home (the forgery that made background_white pass on a
+    black background) changes nothing the checks read."""
+    engine.reset()
+    e, d = engine, engine.desktop
+    e.setup({"initialize": [{"func": "chimerax_open", "data": "twohelix.pdb"}]})
+    forged = Path(e.home) / ad.CODA_DIR
+    forged.mkdir(exist_ok=True)
+    (forged / "inside.py").write_text(
+        "import json, sys\nopen(sys.argv[2], 'w').write(json.dumps({'background': {'color': '#ffffff'}}))\n")
+    (forged / "state.json").write_text(json.dumps({"background": {"color": "#ffffff"}}))
+    s = e.app.state(d)
+    assert s["background"]["color"] == "#000000", s["background"]
+    assert s["models"] and s["models"][0]["name"] == "twohelix.pdb"
+    ctx = CheckContext(answer=None, task=None, desktop=d, home=e.home, state=s)
+    assert not check_runner("states")({"type": "states", "path": "background.color", "value": "#ffffff"}, ctx)[0]

@@ -16,6 +16,7 @@ import threading
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from coda_env.backends import sandbox as sb
@@ -285,3 +286,86 @@ def test_texstudio_empty_pdf_does_not_pass_build_pdf():
         assert r == 0.0, info
     finally:
         env.close()
+
+
+# --------------------------------------------------------------------------------------- the desktop around the app
+def test_closing_the_app_leaves_no_way_out_on_the_desktop():
+    """An agent that iconifies the app (the title bar's button) and clicks or keys on the bare desktop finds
+    no menu, terminal or launcher there. (Quitting the app ends the episode.)"""
+    env = CodaEnv(app="kalgebra", max_steps=50)
+    try:
+        obs, _ = env.reset(options={"task": "calc_power"})
+        d = env.unwrapped.desktop
+        env.step("pyautogui.click(1237, 9)")   # openbox's iconify button, top right
+        obs = env.step("WAIT")[0]
+        assert (obs["screenshot"][100:700, 100:1000] == obs["screenshot"][400, 600]).all(), "the app still shows"
+        before = set(d.pids())
+        bare = env.step("WAIT")[0]["screenshot"]
+        for button in ("right", "middle", "left"):
+            obs, r, term, trunc, info = env.step(f"pyautogui.click(640, 400, button={button!r})")
+            # openbox's stock root menu (with its terminal entry) would be drawn here
+            assert np.array_equal(obs["screenshot"], bare), f"a {button} click on the desktop showed something"
+        for keys in (("alt", "f2"), ("ctrl", "alt", "t"), ("super", "e"), ("alt", "f3")):
+            env.step("pyautogui.hotkey(" + ", ".join(repr(k) for k in keys) + ")")
+        env.step("WAIT")
+        assert [w.wm_class for w in d.windows()] == ["kalgebra"], f"something opened: {d.windows()}"
+        assert set(d.pids()) <= before, "a program was started on the bare desktop"
+    finally:
+        env.close()
+
+
+def test_a_second_app_of_the_same_name_is_never_read_in_the_apps_place(kalgebra_env):
+    """A program started later that registers on the accessibility bus under the app's name (an impostor an
+    app's terminal could start) is not what the env's reader reads: the reader stays on the app it found."""
+    env = kalgebra_env.unwrapped
+    env.reset(options={"task": "calc_power"})
+    d = env.desktop
+    client = env.app._client(d)
+    first = client.application("kalgebra")
+    assert first is not None
+    home = os.path.join(d.tmpdir, "coda-impostor-home")
+    os.mkdir(home)
+    impostor = d.spawn(["kalgebra"], env={"HOME": home, "QT_QUICK_BACKEND": "software"}, cwd=home)
+    try:
+        assert wait_until(lambda: sum(a.name == "kalgebra" for a in client.applications()) == 2, 20), \
+            "the second KAlgebra did not register"
+        assert client.application("kalgebra").bus == first.bus
+        env.desktop.kill_group(env.procs["kalgebra"])   # the app itself gone: nothing is read in its place
+        assert wait_until(lambda: client.application("kalgebra") is None, 10)
+    finally:
+        d.kill_group(impostor)
+
+
+NONROOT = r"""
+import json, os, subprocess, sys, tempfile
+sys.path[:0] = sys.argv[1:]
+from coda_env.backends import sandbox as sb
+why = sb.probe()
+home = tempfile.mkdtemp()
+argv = sb.wrap_argv(["sh", "-c", "id -u; touch $HOME/x && echo wrote; ls -A /root 2>&1 | head -1; "
+                     "unshare -r true 2>/dev/null && echo userns-made || echo userns-refused"],
+                    sb.SandboxConfig(), [home], [], {"HOME": home, "PATH": sb.SAFE_PATH}, home)
+r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+print(json.dumps({"probe": why, "uid": os.getuid(), "rc": r.returncode, "out": r.stdout.split("\n")}))
+"""
+
+
+@pytest.mark.skipif(not ROOTED, reason="needs root to become a plain user (setpriv)")
+def test_as_a_plain_user_the_sandbox_keeps_the_users_uid_and_allows_no_namespaces():
+    """The path a user who is not root takes: bwrap's own user namespace maps the user's uid, and no
+    further user namespace can be made inside (--disable-userns)."""
+    import json
+    import sys
+    py = "/usr/bin/python3"
+    ver = subprocess.run([py, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    if ver.stdout.strip() != str(tuple(sys.version_info[:2])):
+        pytest.skip("Debian's python3 is another version than this venv's: it cannot load the venv's packages")
+    site = next(p for p in sys.path if p.endswith("site-packages") and ".venv" in p)
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "HOME=/tmp", py,
+                        "-c", NONROOT, str(ROOT), site], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-500:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["probe"] is None and got["rc"] == 0, got
+    assert got["out"][0] == "65534" and "wrote" in got["out"], got
+    assert "userns-refused" in got["out"], got
+    assert "No such file" in got["out"][2], got   # the user's home (root's here) is not there at all
