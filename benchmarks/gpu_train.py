@@ -11,8 +11,7 @@ weights, directly on the GPU in bfloat16, with the byte-level tokenizer of coda_
 are Qwen2.5-VL's; the model keeps the full 151,936-row vocabulary, so generation costs what it costs the real
 model) and Qwen2.5-VL's default image processor (a 1280x800 screen is 1288x812 pixels, 1,334 image tokens).
 A random planner writes no plan that parses, so the real reward (the executor's action scored against the
-label) is 0 for every sample and gives GRPO no signal; a SYNTHETIC reward (the fraction of distinct tokens in
-a completion) is added so that advantages are non-zero and the update path (LoRA gradients, the optimizer)
+label) is 0 for every sample and gives GRPO no signal; a SYNTHETIC reward (the mean token id of a completion) is added so that advantages are non-zero and the update path (LoRA gradients, the optimizer)
 really runs. Without --data the states are SYNTHETIC too (random screens), named as such in the output.
 
 What the GPU machine needs: torch with CUDA, transformers, accelerate, peft, and the pure-Python wheels of trl and
@@ -128,33 +127,21 @@ def build_model(kind: str, device: str, tmp: Path):
 
 
 def synthetic_states(n: int, seed: int = 0):
-    """SYNTHETIC states (random screens, a click target) in the state-dataset format, when no --data is given."""
+    """SYNTHETIC states (random screens, KAlgebra's tab bar as the a11y table, the '2D Graph' tab as the target)
+    in coda_agent.states' format, when no --data is given."""
     import numpy as np
-    from datasets import Dataset, Features, Image, Sequence, Value
+    from datasets import Dataset
+
+    from coda_agent import states
     rng = np.random.default_rng(seed)
-    shots = [rng.integers(0, 255, (800, 1280, 3), dtype=np.uint8) for _ in range(4)]
-    rows = {"id": [], "app": [], "task": [], "step": [], "source": [], "instruction": [], "history": [],
-            "images": [], "target": [], "box": [], "radius": [], "screen": [], "a11y_tree": []}
-    for i in range(min(n, 16)):
-        rows["id"].append(f"synthetic-{i}")
-        rows["app"].append("kalgebra")
-        rows["task"].append("synthetic")
-        rows["step"].append(1)
-        rows["source"].append("synthetic")
-        rows["instruction"].append(f"Synthetic task {i}: plot x^{i}.")
-        rows["history"].append("[]")
-        rows["images"].append([shots[i % 4]])
-        rows["target"].append("pyautogui.click(125, 53)")
-        rows["box"].append([90, 40, 160, 66])
-        rows["radius"].append(20.0)
-        rows["screen"].append([1280, 800])
-        rows["a11y_tree"].append("role\tname\ttext\tx,y,w,h\tstates\npage tab\t2D Graph\t\t90,40,71,27\t")
-    feats = Features({"id": Value("string"), "app": Value("string"), "task": Value("string"),
-                      "step": Value("int32"), "source": Value("string"), "instruction": Value("string"),
-                      "history": Value("string"), "images": Sequence(Image()), "target": Value("string"),
-                      "box": Sequence(Value("int32")), "radius": Value("float32"), "screen": Sequence(Value("int32")),
-                      "a11y_tree": Value("string")})
-    return Dataset.from_dict(rows, features=feats)
+    shots = [states._png(rng.integers(0, 255, (800, 1280, 3), dtype=np.uint8)) for _ in range(4)]
+    table = ("role\tname\ttext\tx,y,w,h\tstates\npage tab\tCalculator\t\t0,39,85,27\t\n"
+             "page tab\t2D Graph\t\t85,39,82,27\t\npage tab\t3D Graph\t\t167,39,82,27\t\n")
+    rows = [{"id": f"synthetic:{i}:1", "app": "kalgebra", "task": "synthetic", "step": 1, "source": "synthetic",
+             "instruction": f"Synthetic task {i}: plot x^{i} in the 2D Graph.", "history": "[]",
+             "images": [shots[i % 4]], "target": "pyautogui.click(125, 53)", "box": [85, 39, 166, 65],
+             "radius": 20.0, "screen": [1280, 800], "a11y": table} for i in range(min(n, 16))]
+    return Dataset.from_list(rows, features=states.features())
 
 
 def cycled(ds, n: int):
@@ -162,12 +149,15 @@ def cycled(ds, n: int):
 
 
 class SyntheticReward:
-    """SYNTHETIC reward for a random planner: the fraction of distinct tokens in a completion (varies within a
-    group, so GRPO's advantages are non-zero)."""
-    __name__ = "synthetic_distinct_tokens"
+    """SYNTHETIC reward for a random planner: the mean token id of a completion over the vocabulary size (it
+    varies within a group, so GRPO's advantages are non-zero)."""
+    __name__ = "synthetic_token_ids"
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
 
     def __call__(self, prompts, completions, completion_ids, **kwargs):
-        return [len(set(ids)) / max(1, len(ids)) for ids in completion_ids]
+        return [sum(ids) / max(1, len(ids)) / self.vocab for ids in completion_ids]
 
 
 def lora_weights(model) -> dict:
@@ -204,7 +194,7 @@ def main(argv=None) -> int:
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         trainer = build_trainer(cfg, Path(args.out), model=model, processor=processor, train_states=states,
-                                progress=False, extra_rewards=[SyntheticReward()])
+                                progress=False, extra_rewards=[SyntheticReward(model.config.get_text_config().vocab_size)])
         before = lora_weights(trainer.model)
         t1 = time.monotonic()
         trainer.train()

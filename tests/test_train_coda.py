@@ -35,22 +35,18 @@ TABLE = ("role\tname\ttext\tx,y,w,h\tstates\n"
 
 
 def synthetic_states(path: Path, n: int = 4, app: str = "kalgebra", history: int = 0) -> Path:
-    """SYNTHETIC state dataset in the contract's format (random screens; target: the '2D Graph' tab)."""
-    from datasets import Dataset, Features, Image, Sequence, Value
+    """SYNTHETIC state dataset in coda_agent.states' format (random screens; target: the '2D Graph' tab)."""
+    from coda_agent import states
     rng = np.random.default_rng(len(str(path)))
     rows = []
     for i in range(n):
         hist = [{"thought": f"t{k}", "action": f"Click the 'Calculator' tab ({k})"} for k in range(history)]
-        rows.append({"id": f"synthetic_{i}#{history + 1}", "app": app, "task": f"synthetic_{i}", "step": history + 1,
+        shots = [rng.integers(0, 255, (800, 1280, 3), dtype=np.uint8) for _ in range(min(history, 2) + 1)]
+        rows.append({"id": f"synthetic:{i}:{history + 1}", "app": app, "task": f"synthetic_{i}", "step": history + 1,
                      "source": "synthetic", "instruction": f"Plot x^{i} in the 2D Graph.", "history": json.dumps(hist),
-                     "images": [rng.integers(0, 255, (800, 1280, 3), dtype=np.uint8) for _ in range(min(history, 2) + 1)],
-                     "target": "pyautogui.click(125, 53)", "box": [85, 39, 166, 65], "radius": 20.0,
-                     "screen": [1280, 800], "a11y_tree": TABLE})
-    feats = Features({"id": Value("string"), "app": Value("string"), "task": Value("string"), "step": Value("int32"),
-                      "source": Value("string"), "instruction": Value("string"), "history": Value("string"),
-                      "images": Sequence(Image()), "target": Value("string"), "box": Sequence(Value("int32")),
-                      "radius": Value("float32"), "screen": Sequence(Value("int32")), "a11y_tree": Value("string")})
-    Dataset.from_list(rows, features=feats).save_to_disk(str(path))
+                     "images": [states._png(x) for x in shots], "target": "pyautogui.click(125, 53)",
+                     "box": [85, 39, 166, 65], "radius": 20.0, "screen": [1280, 800], "a11y": TABLE})
+    states.build(rows, path)
     return path
 
 
@@ -165,6 +161,7 @@ def test_accelerate_configs_load():
 def test_errors_are_one_line_and_exit_code_2(tiny_dir, states_dir, tmp_path, capsys):
     from coda_agent.cli import main
     other = synthetic_states(tmp_path / "texstudio", n=2, app="texstudio")
+    capsys.readouterr()
     base = ["train", "coda", "--planner", str(tiny_dir), "--executor", "a11y", "--out", str(tmp_path / "run")]
     cases = {
         "missing dataset": (base + ["--data", str(tmp_path / "nowhere")], "does not exist"),
@@ -187,12 +184,43 @@ def test_errors_are_one_line_and_exit_code_2(tiny_dir, states_dir, tmp_path, cap
     assert not (tmp_path / "run").exists()
 
 
+@fast
+def test_reward_goes_through_the_executor(states_dir):
+    """Sampled planner answers -> the a11y executor -> action_reward against the label (2D Graph tab)."""
+    from coda_agent.a11y_executor import A11yExecutor
+    from coda_agent.train.coda import ExecutorReward
+    ds, _ = load_states([states_dir])
+    rec = ds[0]
+    texts = ["Thought: the tab.\nAction: Click the '2D Graph' tab.", "Action: Click '3D Graph'",
+             "no plan here", "Action: Press enter", "Action: Click 'Nothing like it'", "Action: DONE"]
+    logged = {}
+    columns = {k: [rec[k]] * len(texts) for k in rec}
+    rewards = ExecutorReward(A11yExecutor((1280, 800)))(
+        prompts=[None] * len(texts), completions=[[{"role": "assistant", "content": t}] for t in texts],
+        log_metric=lambda k, v: logged.setdefault(k, v), **columns)
+    assert rewards[0] == 2.0                                     # inside the box: 1 + 1
+    assert 1.0 < rewards[1] < 1.5                                # a click, 41 px off the box: 1 + exp(-41/50)
+    assert rewards[2:] == [0.0, 0.0, 0.0, 0.0]                   # no plan; a key; nothing to click; DONE
+    assert logged == {"planner/parse_error_rate": 1 / 6, "executor/parse_error_rate": 1 / 4,
+                      "reward/type_match_rate": 2 / 6}
+
+
+class FakeReward:
+    """FAKE extra reward for fast tests: a random tiny planner writes no plan that parses, so the real reward is
+    0 for every sample; this one (the mean token id, scaled) makes advantages non-zero so the update runs."""
+    __name__ = "fake_token_ids"
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        return [sum(ids) / max(1, len(ids)) / 1000 for ids in completion_ids]
+
+
 # ------------------------------------------------------------------------------------------ the trainer
 @pytest.fixture(scope="module")
 def one_run(tiny_dir, states_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("coda") / "run"
     cfg = _cfg(tiny_dir, states_dir, out, eval_data=[str(states_dir)], eval_generations=4)
-    trainer = build_trainer(cfg, out, progress=False)            # what `coda train coda` builds, then runs
+    trainer = build_trainer(cfg, out, progress=False,             # what `coda train coda` builds, then runs
+                            extra_rewards=[FakeReward()])
     from coda_agent.train.coda import run_trainer
     summary = run_trainer(trainer, cfg, out, base=cfg.planner)
     return {"cfg": cfg, "out": out, "trainer": trainer, "summary": summary}
@@ -201,7 +229,7 @@ def one_run(tiny_dir, states_dir, tmp_path_factory):
 @fast
 def test_the_trainer_is_trls(one_run):
     assert isinstance(one_run["trainer"], trl.GRPOTrainer)
-    assert one_run["trainer"].reward_func_names == ["action_reward"]
+    assert one_run["trainer"].reward_func_names == ["action_reward", "fake_token_ids"]
     assert one_run["trainer"].num_generations == 4
 
 

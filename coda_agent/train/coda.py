@@ -126,25 +126,15 @@ class CodaConfig(TrainConfig):
 
 
 # ------------------------------------------------------------------------------------------ the reward
-def observation(row: dict):
-    """What the executor is given of a stored state: its current screen (the state's last image) as the env's
-    observation, with the accessibility tree when the state keeps one (the a11y executor grounds through it)."""
-    import numpy as np
-    obs = {"screenshot": np.asarray(row["images"][-1].convert("RGB")) if hasattr(row["images"][-1], "convert")
-           else np.asarray(row["images"][-1]), "instruction": row["instruction"]}
-    for key in ("a11y_tree", "a11y"):
-        if row.get(key):
-            obs["a11y_tree"] = row[key]
-    return obs
-
-
 def score_plans(executor, rows: Sequence[dict], texts: Sequence[str], scale: float = DEFAULT_SCALE
                 ) -> tuple[list[float], dict[str, float]]:
     """The reward of each sampled plan (`texts[i]` at state `rows[i]`): the executor's action scored by
     `action_reward` against the state's target, 0 when the plan or the executor's output does not parse.
     Returns (rewards, rates): planner and executor parse-error rates and the type-match rate of the batch."""
     counts: dict[str, int] = {}
-    actions = execute_plans(executor, [(r["instruction"], t, observation(r)) for r, t in zip(rows, texts)], counts)
+    from ..states import state_observation
+    actions = execute_plans(executor, [(r["instruction"], t, state_observation(r)) for r, t in zip(rows, texts)],
+                            counts)
     rewards = []
     for r, a in zip(rows, actions):
         box = list(r["box"]) if r.get("box") is not None else None
@@ -182,34 +172,37 @@ class ExecutorReward:
 
 
 def make_executor(cfg: CodaConfig, app: str, screen: tuple[int, int] = (1280, 800)):
-    """The fixed executor of cfg.executor: `a11y`, a local UI-TARS directory, or an endpoint (checked to
-    answer now, so that a wrong address fails before any training)."""
-    from ..executor import Executor
-    from ..models import ModelError, OpenAIVLM, SamplingParams, TransformersVLM
+    """The fixed executor of cfg.executor, built by the agents' own factory (policy.make_executor): `a11y`, a
+    local UI-TARS directory, or an endpoint (asked to answer now, so that a wrong address fails before any
+    training)."""
+    from ..models import ModelError, OpenAIVLM, SamplingParams
+    from ..policy import make_executor as agents_executor
     spec = cfg.executor
     if not spec:
         raise ValueError("coda train coda needs --executor a11y|DIR|URL (the fixed executor)")
-    if spec == "a11y":
-        from ..a11y_executor import A11yExecutor
-        return A11yExecutor(screen=screen)
-    params = SamplingParams(max_new_tokens=cfg.executor_max_new_tokens, temperature=1.0)
     if spec.startswith(("http://", "https://")):
-        model = OpenAIVLM(spec, model=cfg.executor_model)
         try:
             OpenAIVLM(spec, model=None, retries=1, backoff=0.5, timeout=10).model       # GET /models
         except ModelError as e:
             raise ValueError(f"--executor {spec}: {e}") from None
-    else:
-        if not Path(spec).is_dir():
-            raise ValueError(f"--executor {spec!r} is neither a11y, a checkpoint directory nor an http(s):// URL")
-        model = TransformersVLM(spec, device=cfg.device, name=cfg.executor_model)
-    return Executor(model, screen=screen, tries=cfg.executor_tries, params=params)
+    elif spec != "a11y" and not Path(spec).is_dir():
+        raise ValueError(f"--executor {spec!r} is neither a11y, a checkpoint directory nor an http(s):// URL")
+    return agents_executor(spec, screen, cfg.executor_model, {"device": cfg.device} if cfg.device else {},
+                           cfg.executor_tries, SamplingParams(max_new_tokens=cfg.executor_max_new_tokens,
+                                                              temperature=1.0))
 
 
 # ------------------------------------------------------------------------------------------ one GRPO run
 def _world_size() -> int:
     from accelerate import PartialState
     return PartialState().num_processes
+
+
+def _checkpointing_field() -> str:
+    """transformers renamed gradient_checkpointing to activation_checkpointing (5.2x); TRL 1.16 runs on both."""
+    from trl import GRPOConfig
+    return "activation_checkpointing" if "activation_checkpointing" in {f.name for f in fields(GRPOConfig)} \
+        else "gradient_checkpointing"
 
 
 def grpo_args(cfg: CodaConfig, out: Path, processor, has_eval: bool, progress: bool = True):
@@ -226,6 +219,7 @@ def grpo_args(cfg: CodaConfig, out: Path, processor, has_eval: bool, progress: b
         raise ValueError("--group-size must be at least 2 (advantages are relative within the group)")
     cuda = torch.cuda.is_available() and (cfg.device or "cuda").startswith("cuda")
     bf16 = cuda if cfg.bf16 is None else cfg.bf16
+    checkpointing = _checkpointing_field()
     gen_kwargs = None
     if not cfg.use_vllm:             # the policy never writes vision placeholders (as TransformersVLM.generate)
         gen_kwargs = {"suppress_tokens": processor.vision_token_ids()}
@@ -241,7 +235,7 @@ def grpo_args(cfg: CodaConfig, out: Path, processor, has_eval: bool, progress: b
         generation_kwargs=gen_kwargs,
         beta=cfg.kl_coef, epsilon=cfg.clip_eps, epsilon_high=cfg.clip_eps_high, num_iterations=cfg.updates_per_batch,
         loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        **{checkpointing: cfg.gradient_checkpointing},
         logging_steps=cfg.logging_steps, logging_first_step=True, report_to=[], disable_tqdm=not progress,
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
         eval_strategy="steps" if has_eval and cfg.eval_steps > 0 else "no",
@@ -285,6 +279,12 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
     if executor is None:
         executor = make_executor(cfg, app, screen)
     transform = PromptTransform(cfg.history_images)
+    for ds in (train_states, eval_states):          # a prompt the states cannot give fails now, in one line
+        if ds is not None:
+            try:
+                transform(ds[:1])
+            except ValueError as e:
+                raise ValueError(f"--history-images {cfg.history_images}: {e}") from None
     peft_config = None
     if cfg.lora_r > 0:
         from peft import LoraConfig
@@ -367,48 +367,59 @@ def _round_dir(out: Path, r: int) -> Path:
 def _live_eval(cfg: CodaConfig, planner: str, out: Path, progress: bool) -> dict:
     """The planner + the executor over the tasks, live: a `coda eval` run (resumable) -> its results."""
     from ..eval import run_eval
-    from ..models import SamplingParams, load_model
-    from ..planner import Planner
-    from ..policy import CodaAgent
+    from ..models import SamplingParams
+    from ..policy import make_agent
     from .common import probe_env
     env = probe_env(cfg.env, cfg.episode_steps)
-    executor = make_executor(cfg, env.app, env.screen)
-    vlm = load_model(planner, **({"device": cfg.device} if not planner.startswith("http") else {}))
-    agent = CodaAgent(Planner(vlm, env.app, screen=env.screen, history_images=cfg.history_images,
-                              params=SamplingParams(max_new_tokens=cfg.max_new_tokens,
-                                                    temperature=cfg.live_temperature, seed=cfg.seed)),
-                      executor)
+    agent = make_agent("coda", env.app, env.screen, planner=planner, executor=make_executor(cfg, env.app, env.screen),
+                       history_images=cfg.history_images, seed=cfg.seed,
+                       model_options={"device": cfg.device} if cfg.device else {},
+                       planner_params=SamplingParams(max_new_tokens=cfg.max_new_tokens,
+                                                     temperature=cfg.live_temperature, top_p=cfg.top_p))
+    env_kwargs = dict(env.kwargs)
+    if getattr(agent, "wants_a11y_tree", False):
+        env_kwargs["a11y_tree"] = True
     return run_eval(cfg.env, agent, out, task_ids=cfg.tasks, episodes=cfg.episodes, num_envs=cfg.num_envs,
-                    seed=cfg.seed, env_kwargs=env.kwargs, progress=progress,
+                    seed=cfg.seed, env_kwargs=env_kwargs, progress=progress,
                     config={"planner": planner, "executor": cfg.executor})
 
 
-def _success_rate(results: dict) -> float:
-    s = results.get("summary", results)
-    for key in ("success_rate", "success"):
-        if isinstance(s.get(key), (int, float)):
-            return float(s[key])
-    eps = results.get("episodes", [])
-    return sum(bool(e.get("success")) for e in eps) / max(1, len(eps))
+def _success_rate(summary: dict) -> float:
+    """The overall success rate of a `coda eval` run's summary."""
+    return float(summary["overall"]["rate"])
 
 
-def _round_states(cfg: CodaConfig, r: int, out: Path) -> Path:
-    """Round r's state dataset: the oracle's replays (and --data) in round 0, plus the states of the
-    successful episodes of every live run so far (judged by the checks or --judge)."""
+def _round_states(cfg: CodaConfig, r: int, out: Path) -> list[str]:
+    """Round r's state datasets: the oracle's replays of the tasks (built once, OUT/oracle_states; unless
+    --no-oracle-states), the states of the successful episodes of every live run so far (OUT/round_NN/states:
+    success by the checks, or by --judge), and any --data."""
     from .. import states
-    rd = _round_dir(out, r)
-    path = rd / "states"
-    if (path / "dataset_info.json").exists():
-        return path
+    paths = []
+    oracle = out / "oracle_states"
+    if cfg.oracle_states:
+        if not (oracle / "dataset_info.json").exists():
+            report: dict = {}
+            states.build(states.oracle_states(cfg.env, cfg.tasks, history_images=cfg.history_images,
+                                              report=report), oracle)
+        paths.append(str(oracle))
     runs = [_round_dir(out, k) / "eval" for k in range(-1, r)]
     runs = [p for p in runs if (p / "episodes.jsonl").exists()]
-    judge = None
-    if cfg.judge:
-        from ..judge import Judge, JudgeConfig
-        judge = Judge(JudgeConfig(models=cfg.judge, threshold=cfg.threshold))
-    states.build_round_states(env=cfg.env, tasks=cfg.tasks, oracle=cfg.oracle_states, runs=runs, extra=cfg.data,
-                              judge=judge, threshold=cfg.threshold, out=path)
-    return path
+    path = _round_dir(out, r) / "states"
+    if not (path / "dataset_info.json").exists() and runs:
+        judge = None
+        if cfg.judge:
+            from ..judge import Judge, JudgeConfig
+            judge = Judge(JudgeConfig(models=cfg.judge, threshold=cfg.threshold))
+        records = [rec for run in runs for rec in states.run_states(run, judge, history_images=cfg.history_images)]
+        if records:
+            states.build(records, path)
+    if (path / "dataset_info.json").exists():
+        paths.append(str(path))
+    paths += list(cfg.data)
+    if not paths:
+        raise ValueError(f"round {r} has no states: no oracle states (--no-oracle-states), no successful live "
+                         "episode yet and no --data")
+    return paths
 
 
 def run_rounds(cfg: CodaConfig, progress: bool = True) -> list[dict]:
@@ -449,7 +460,7 @@ def run_rounds(cfg: CodaConfig, progress: bool = True) -> list[dict]:
             planner = done[r]["planner"]
             continue
         data = _round_states(cfg, r, out)
-        rcfg = CodaConfig(**{**asdict(cfg), "data": [str(data)], "planner": planner, "rounds": 0,
+        rcfg = CodaConfig(**{**asdict(cfg), "data": data, "planner": planner, "rounds": 0,
                              "out": str(rd / "train")})
         if cfg.launcher:
             _launch(cfg.launcher, rcfg)

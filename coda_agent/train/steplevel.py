@@ -133,8 +133,7 @@ def trl_messages(conversation: Conversation) -> tuple[list[dict], list]:
     return msgs, images
 
 
-def planner_conversation(record: dict, history_images: int = 2, screen: tuple[int, int] | None = None
-                         ) -> Conversation:
+def planner_conversation(record: dict, history_images: int = 2) -> Conversation:
     """The planner's conversation at a stored state, exactly as the live agent built it (coda_agent.states)."""
     from ..states import planner_conversation as rebuild
     return rebuild(record, history_images=history_images)
@@ -215,12 +214,13 @@ def last_checkpoint(folder: Path) -> Path | None:
 # ------------------------------------------------------------------------------------------ export
 def export_planner(trainer, base: str | Path | None, processor: ImageTextProcessor, out: Path) -> Path:
     """Write the trained planner to `out` as a self-contained checkpoint `coda eval --planner` loads: with LoRA,
-    the adapter (gathered by `trainer.save_model`, which handles ZeRO-3 and FSDP) merged into the base weights;
+    the adapter (gathered by `trainer.save_model`, which handles ZeRO-3 and FSDP; kept in OUT/adapter, peft's
+    format) merged into the base weights;
     with full fine-tuning, the weights; plus the tokenizer (chat template) and the image processor. Every
     process must call it (the gather is collective); the main process writes."""
     out = Path(out)
     tmp = out.parent / (out.name + ".tmp")
-    adapter = out.parent / (out.name + ".adapter")
+    adapter = out.parent / "adapter"
     is_peft = hasattr(trainer.model, "peft_config")
     trainer.save_model(str(adapter if is_peft else tmp))
     if trainer.accelerator.is_main_process:
