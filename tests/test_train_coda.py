@@ -285,6 +285,7 @@ def test_gpu_benchmark_arguments(capsys):
         assert "no CUDA device" in capsys.readouterr().err
 
 
+@fast
 def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path, states_dir, capsys):
     """The benchmark's whole path (model built from a config, LoRA, TRL, the executor reward plus the
     synthetic one, the adapter check) with the tiny config on the CPU."""
@@ -299,3 +300,71 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path, states_dir, capsy
     assert rc == 0, out
     result = json.loads(next(x for x in out.splitlines() if x.startswith('{"model_build_s"')))
     assert result["loss_finite"] and result["adapter_changed"] and len(result["seconds_per_step"]) == 2
+
+
+# ------------------------------------------------------------------------------------------ the paper's loop
+def test_rounds_collect_label_train_and_resume(tiny_dir, tmp_path):
+    """--rounds on the real KAlgebra env: the starting planner's live run, then per round the oracle's states
+    (+ successful live episodes) -> GRPO -> the new planner's live run; each round's live success rate in
+    OUT/metrics.jsonl; a rerun with more rounds resumes after the finished ones."""
+    from coda_agent.train.coda import run_rounds
+    cfg = CodaConfig(planner=str(tiny_dir), executor="a11y", rounds=1, env="coda/KAlgebra-v0",
+                     tasks=["tab_3d_graph"], episodes=1, num_envs=1, episode_steps=2, group_size=2,
+                     states_per_step=2, micro_batch=4, max_steps=1, max_new_tokens=8, lora_r=4, lora_alpha=8,
+                     out=str(tmp_path / "loop"), save_steps=1)
+    history = run_rounds(cfg, progress=False)
+    assert [h["round"] for h in history] == [-1, 0]
+    assert all(0.0 <= h["live_success_rate"] <= 1.0 for h in history)
+    out = tmp_path / "loop"
+    assert (out / "oracle_states" / "dataset_info.json").exists()
+    assert (out / "round_00" / "train" / "planner" / "config.json").exists()
+    assert (out / "round_00" / "eval" / "results.json").exists()
+    assert history[1]["states"] == 2                               # tab_3d_graph's oracle: click the tab, DONE
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == [-1, 0]
+    more = run_rounds(dataclasses.replace(cfg, rounds=2), progress=False)
+    assert [h["round"] for h in more] == [-1, 0, 1]
+    assert more[:2] == history                                     # finished rounds are not redone
+    assert [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [-1, 0, 1]
+    assert more[2]["planner"].endswith("round_01/train/planner")
+
+
+# ------------------------------------------------------------------------------------------ learning
+TRAIN_TASKS = ["plot_parabola", "plot_abs_shift", "plot_circle_implicit", "plot_derivative"]
+HELD_OUT = ["plot_ln_squared", "plot_sine_scaled", "plot_with_tangent"]
+# The warm-up teaches the answer format with four plans; the a11y executor grounds each on KAlgebra's tab bar.
+# At the first step of a 2D-graph task the labelled action clicks the '2D Graph' tab: that plan scores 2, the
+# other tabs 1 + exp(-d/50) (d: their distance to its box), a key press 0 (another action type).
+PLANS = ["Click '2D Graph'", "Click '3D Graph'", "Press enter", "Click 'Dictionary'"]
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_mean_reward_on_held_out_states(tmp_path):
+    """A real tiny Qwen2.5-VL planner, the a11y executor, real KAlgebra oracle states of the 2D-graph task
+    family (first steps; 4 tasks to train on, 3 held out): a few GRPO steps raise the mean reward on the
+    held-out states by at least 0.3."""
+    from coda_agent import states
+    from coda_agent.train.coda import run_trainer
+    from coda_agent.train.sft import Example, SFTConfig, finetune
+    from coda_agent.types import Sample
+    for name, tasks in (("train", TRAIN_TASKS), ("held", HELD_OUT)):
+        states.build([r for r in states.oracle_states("coda/KAlgebra-v0", tasks) if r["step"] == 1], tmp_path / name)
+    train_ds, _ = load_states([tmp_path / "train"])
+    held_ds, _ = load_states([tmp_path / "held"])
+    assert set(train_ds["target"]) == set(held_ds["target"]) == {"pyautogui.click(125, 53)"}
+    vlm = TransformersVLM(build_tiny_qwen2_5_vl(tmp_path / "tiny"))
+    warm = [Example(r["task"], "kalgebra", 1, Sample("planner", states.planner_conversation(r, history_images=2), []),
+                    f"Action: {p}") for r in train_ds for p in PLANS]
+    finetune(SFTConfig(out=str(tmp_path / "warm"), epochs=16, lr=1e-2, micro_batch=4, lora_r=0), vlm, warm,
+             progress=False)
+    cfg = CodaConfig(planner=str(tmp_path / "warm" / "planner"), data=[str(tmp_path / "train")],
+                     eval_data=[str(tmp_path / "held")], out=str(tmp_path / "run"), executor="a11y", group_size=8,
+                     states_per_step=4, micro_batch=16, max_steps=8, updates_per_batch=3, lr=1e-3, kl_coef=0.01,
+                     max_new_tokens=12, lora_r=0, eval_generations=16, seed=0, save_steps=100)
+    trainer = build_trainer(cfg, Path(cfg.out), progress=False)
+    summary = run_trainer(trainer, cfg, Path(cfg.out), base=cfg.planner)
+    before, after = summary["eval_reward_before"], summary["eval_reward_after"]
+    print(f"held-out mean reward before {before:.3f}, after {after:.3f} ({summary['steps']} GRPO steps, "
+          f"{summary['states_per_s']:.2f} states/s, {summary['generated_tokens_per_s']:.1f} generated tokens/s)")
+    assert after >= before + 0.3, summary
+    assert TransformersVLM(tmp_path / "run" / "planner").model is not None          # coda eval loads it

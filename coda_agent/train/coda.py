@@ -434,29 +434,34 @@ def run_rounds(cfg: CodaConfig, progress: bool = True) -> list[dict]:
     if cfg.app and cfg.app != env.app:
         raise ValueError(f"--app {cfg.app} but --env {cfg.env} is {env.app}")
     cfg.app = env.app
+    if not cfg.planner or not (Path(cfg.planner) / "config.json").exists():
+        raise ValueError(f"--planner {cfg.planner!r} is not a checkpoint directory (no config.json): the loop trains "
+                         "a local planner")
+    make_executor(cfg, env.app, env.screen)              # fails now on a wrong --executor, not after a round
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     write_config(out, cfg)
-    make_executor(cfg, env.app, env.screen)              # fails now on a wrong --executor, not after a round
     history: list[dict] = []
 
-    def record(rec: dict) -> None:
+    def record(rec: dict, new: bool = True) -> None:       # a finished round's record is written once
         history.append(rec)
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        if new:
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
 
     done = _finished_rounds(out)
     planner = cfg.planner
-    base = _round_dir(out, -1) / "eval"
-    if -1 not in done:
-        res = _live_eval(cfg, planner, base, progress)
-        _mark_done(out, -1, {"round": -1, "planner": planner, "live_success_rate": _success_rate(res)})
-        done = _finished_rounds(out)
-    record(done[-1])
+    if -1 in done:
+        record(done[-1], new=False)
+    else:
+        res = _live_eval(cfg, planner, _round_dir(out, -1) / "eval", progress)
+        rec = {"round": -1, "planner": planner, "live_success_rate": _success_rate(res)}
+        _mark_done(out, -1, rec)
+        record(rec)
     for r in range(cfg.rounds):
         rd = _round_dir(out, r)
         if r in done:
-            record(done[r])
+            record(done[r], new=False)
             planner = done[r]["planner"]
             continue
         data = _round_states(cfg, r, out)
