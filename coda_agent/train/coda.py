@@ -12,8 +12,8 @@ not parse, or that the executor cannot turn into an action, scores 0. Advantages
 A_i = (r_i - mean_j r_j) / std_j r_j over the G plans of one state, and TRL's clipped objective with a KL penalty
 to the reference (the base weights: LoRA's adapter switched off) updates the planner alone; the executor never
 changes. The paper gives no values for G, the learning rate, the temperature, beta or the clip range; the
-defaults here are those of TRL's GRPO at the time (G=8, lr 1e-6, temperature 1.0, beta 0.04, eps 0.2), the
-stack its released planner was trained with (its model card is tagged R1-V, a TRL GRPO recipe).
+defaults here are those of the GRPO trainer R1-V builds on (TRL 0.14: G=8, lr 1e-6, temperature 1.0, beta 0.04,
+eps 0.2), the recipe the released CODA planner's model card names.
 
 Two ways to run it:
 
