@@ -175,7 +175,11 @@ def test_errors_are_one_line_and_exit_code_2(tiny_dir, states_dir, tmp_path, cap
         "no executor": (["train", "coda", "--planner", str(tiny_dir), "--data", str(states_dir), "--out",
                          str(tmp_path / "run")], "--executor"),
         "endpoint planner": (base + ["--data", str(states_dir), "--planner", "http://127.0.0.1:9"], "endpoint"),
+        "too few screenshots": (base + ["--data", str(states_dir), "--history-images", "5"], "--history-images 5"),
     }
+    import importlib.util
+    if importlib.util.find_spec("vllm") is None:
+        cases["no vllm"] = (base + ["--data", str(states_dir), "--use-vllm"], "pip install vllm")
     for name, (argv, needle) in cases.items():
         assert main(argv) == 2, name
         err = capsys.readouterr().err.strip()
@@ -212,6 +216,18 @@ class FakeReward:
 
     def __call__(self, prompts, completions, completion_ids, **kwargs):
         return [sum(ids) / max(1, len(ids)) / 1000 for ids in completion_ids]
+
+
+@fast
+def test_the_command_trains_and_says_where_the_planner_is(tiny_dir, states_dir, tmp_path, capsys):
+    from coda_agent.cli import main
+    out = tmp_path / "cli"
+    assert main(["train", "coda", "--planner", str(tiny_dir), "--data", str(states_dir), "--executor", "a11y",
+                 "--max-steps", "1", "--group-size", "2", "--states-per-step", "2", "--micro-batch", "4",
+                 "--max-new-tokens", "4", "--lora-r", "2", "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "1 steps over 4 states" in text and f"planner: {out / 'planner'}" in text
+    assert (out / "planner" / "config.json").exists()
 
 
 # ------------------------------------------------------------------------------------------ the trainer
@@ -322,7 +338,8 @@ def test_rounds_collect_label_train_and_resume(tiny_dir, tmp_path):
     assert history[1]["states"] == 2                               # tab_3d_graph's oracle: click the tab, DONE
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["round"] for x in lines] == [-1, 0]
-    more = run_rounds(dataclasses.replace(cfg, rounds=2), progress=False)
+    # one more round, its GRPO run as a launched process (`env` stands for accelerate launch: the same flags)
+    more = run_rounds(dataclasses.replace(cfg, rounds=2, launcher="env"), progress=False)
     assert [h["round"] for h in more] == [-1, 0, 1]
     assert more[:2] == history                                     # finished rounds are not redone
     assert [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [-1, 0, 1]

@@ -271,6 +271,11 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
         train_states, app = load_states(cfg.data, cfg.app)
     else:
         app = cfg.app or train_states.unique("app")[0]
+    if cfg.use_vllm:
+        import importlib.util
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("--use-vllm needs the vllm package (pip install vllm) and a GPU; without it the plans "
+                             "are generated with transformers")
     if eval_states is None and cfg.eval_data:
         eval_states, _ = load_states(cfg.eval_data, app)
     if processor is None:
@@ -302,7 +307,6 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
     if not progress:                            # --quiet: no progress bar, and no log dicts printed either
         from transformers.trainer_callback import PrinterCallback
         trainer.remove_callback(PrinterCallback)
-    trainer.coda_app = app
     return trainer
 
 

@@ -140,9 +140,9 @@ def planner_conversation(record: dict, history_images: int = 2) -> Conversation:
 
 
 class PromptTransform:
-    """`Dataset.with_transform` hook: each state gains `prompt` and `images` (TRL's multimodal prompt) and
-    keeps its other columns for the reward. `current` keeps the full-resolution current screen for the
-    executor (it is the last image of the state)."""
+    """`Dataset.with_transform` hook: each state gains `prompt` and `images` (TRL's multimodal prompt: the
+    screenshots at full resolution, the current one last, which the executor then sees too) and keeps its other
+    columns for the reward."""
 
     def __init__(self, history_images: int = 2, rebuild=None):
         self.history_images = history_images
