@@ -1,10 +1,11 @@
 """`coda train coda`: CODA's stage 1 as published, step-level GRPO on TRL's GRPOTrainer over state datasets.
 
-Fast tier (marker `fast`: no X server): tiny real Qwen2.5-VL checkpoints (coda_agent.tiny), SYNTHETIC states
-(random screens with a hand-written accessibility table, named as such), the real a11y executor and the real
-reward; the trainer, its settings, errors, metrics, checkpoints, export and the launcher. Then the learning test
-(marker `slow`): real KAlgebra states, a tiny planner warmed up to write one of four plans, GRPO through the a11y
-executor raises its mean reward on held-out states."""
+Tiny real Qwen2.5-VL checkpoints (coda_agent.tiny), SYNTHETIC states (random screens with a hand-written
+accessibility table, named as such), the real a11y executor and the real reward. Fast tier (marker `fast`: no X
+server, seconds): the trainer's class, settings, errors, prompts and reward; then short real training runs (no X
+server; metrics, checkpoints and resume, the export, the command, the GPU benchmark's CPU path), the paper's
+loop on the real KAlgebra env, and the learning test (marker `slow`): real KAlgebra states, a tiny planner warmed
+up to write one of four plans, GRPO through the a11y executor raises its mean reward on held-out states."""
 from __future__ import annotations
 
 import dataclasses
@@ -218,7 +219,6 @@ class FakeReward:
         return [sum(ids) / max(1, len(ids)) / 1000 for ids in completion_ids]
 
 
-@fast
 def test_the_command_trains_and_says_where_the_planner_is(tiny_dir, states_dir, tmp_path, capsys):
     from coda_agent.cli import main
     out = tmp_path / "cli"
@@ -232,24 +232,28 @@ def test_the_command_trains_and_says_where_the_planner_is(tiny_dir, states_dir, 
 
 # ------------------------------------------------------------------------------------------ the trainer
 @pytest.fixture(scope="module")
-def one_run(tiny_dir, states_dir, tmp_path_factory):
+def built(tiny_dir, states_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("coda") / "run"
     cfg = _cfg(tiny_dir, states_dir, out, eval_data=[str(states_dir)], eval_generations=4)
     trainer = build_trainer(cfg, out, progress=False,             # what `coda train coda` builds, then runs
                             extra_rewards=[FakeReward()])
+    return {"cfg": cfg, "out": out, "trainer": trainer}
+
+
+@pytest.fixture(scope="module")
+def one_run(built):
     from coda_agent.train.coda import run_trainer
-    summary = run_trainer(trainer, cfg, out, base=cfg.planner)
-    return {"cfg": cfg, "out": out, "trainer": trainer, "summary": summary}
+    summary = run_trainer(built["trainer"], built["cfg"], built["out"], base=built["cfg"].planner)
+    return {**built, "summary": summary}
 
 
 @fast
-def test_the_trainer_is_trls(one_run):
-    assert isinstance(one_run["trainer"], trl.GRPOTrainer)
-    assert one_run["trainer"].reward_func_names == ["action_reward", "fake_token_ids"]
-    assert one_run["trainer"].num_generations == 4
+def test_the_trainer_is_trls(built):
+    assert isinstance(built["trainer"], trl.GRPOTrainer)
+    assert built["trainer"].reward_func_names == ["action_reward", "fake_token_ids"]
+    assert built["trainer"].num_generations == 4
 
 
-@fast
 def test_run_writes_metrics_checkpoints_and_a_planner_eval_loads(one_run, tiny_dir):
     out, summary = one_run["out"], one_run["summary"]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -269,7 +273,6 @@ def test_run_writes_metrics_checkpoints_and_a_planner_eval_loads(one_run, tiny_d
     assert summary["steps"] == 1
 
 
-@fast
 def test_rerun_resumes_from_the_newest_checkpoint(one_run):
     from coda_agent.train.coda import train_once
     cfg = dataclasses.replace(one_run["cfg"], max_steps=2, eval_data=[])
@@ -301,7 +304,6 @@ def test_gpu_benchmark_arguments(capsys):
         assert "no CUDA device" in capsys.readouterr().err
 
 
-@fast
 def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path, states_dir, capsys):
     """The benchmark's whole path (model built from a config, LoRA, TRL, the executor reward plus the
     synthetic one, the adapter check) with the tiny config on the CPU."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -57,6 +58,8 @@ from .rewards import DEFAULT_SCALE, action_reward, execute_plans  # action_rewar
 @dataclass
 class CodaConfig(TrainConfig):
     """`coda train coda`: every field is a flag whose help shows its default."""
+    planner: str = opt("", "the Qwen2.5-VL planner that is trained: a local checkpoint directory (nothing is "
+                           "downloaded; OUT/planner is the trained copy)")
     data: list[str] = opt([], "state datasets to train on (folders written by `coda data states`)", "--states")
     eval_data: list[str] = opt([], "held-out state datasets: the planner's mean reward on them before and after "
                                    "training (and every --eval-steps), as eval_reward in the metrics")
@@ -122,7 +125,7 @@ class CodaConfig(TrainConfig):
                                "(default: the tasks' checks)")
     threshold: float = opt(0.5, "judge score an episode needs to count as successful")
     launcher: str | None = opt(None, "run each round's GRPO as `LAUNCHER coda train coda ...`, e.g. "
-                                     "\"accelerate launch --config_file configs/accelerate/zero3.yaml\"")
+                                     "\"accelerate launch --config_file configs/accelerate/multi_gpu_zero3.yaml\"")
 
 
 # ------------------------------------------------------------------------------------------ the reward
@@ -330,6 +333,10 @@ def run_trainer(trainer, cfg: CodaConfig, out: Path, base: str | None = None, ex
     if trainer.accelerator.is_main_process:
         write_config(out, cfg)
     resume = last_checkpoint(out / "checkpoints") if cfg.resume else None
+    if resume is None and trainer.accelerator.is_main_process:      # a fresh run: no stale records or checkpoints
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
     summary: dict[str, Any] = {"states": len(trainer.train_dataset)}
     if trainer.eval_dataset is not None and resume is None:
         summary["eval_reward_before"] = trainer.evaluate()["eval_reward"]
