@@ -4,7 +4,7 @@ Tiny real Qwen2.5-VL checkpoints (coda_agent.tiny), SYNTHETIC states (random scr
 accessibility table, named as such), the real a11y executor and the real reward. Fast tier (marker `fast`: no X
 server, seconds): the trainer's class, settings, errors, prompts and reward; then short real training runs (no X
 server; metrics, checkpoints and resume, the export, the command, the GPU benchmark's CPU path), the paper's
-loop on the real KAlgebra env, and the learning test (marker `slow`): real KAlgebra states, a tiny planner warmed
+loop on the real KAlgebra env, and the learning test (about 40 s): real KAlgebra states, a tiny planner warmed
 up to write one of four plans, GRPO through the a11y executor raises its mean reward on held-out states."""
 from __future__ import annotations
 
@@ -357,7 +357,6 @@ HELD_OUT = ["plot_ln_squared", "plot_sine_scaled", "plot_with_tangent"]
 PLANS = ["Click '2D Graph'", "Click '3D Graph'", "Press enter", "Click 'Dictionary'"]
 
 
-@pytest.mark.slow
 def test_grpo_raises_the_mean_reward_on_held_out_states(tmp_path):
     """A real tiny Qwen2.5-VL planner, the a11y executor, real KAlgebra oracle states of the 2D-graph task
     family (first steps; 4 tasks to train on, 3 held out): a few GRPO steps raise the mean reward on the
