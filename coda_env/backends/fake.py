@@ -240,6 +240,6 @@ def register_fake(tasks: Sequence[dict] = FAKE_TASKS) -> AppSpec:
     """Register the FAKE app as `coda/Fake-v0` (backend 'fake'); tests call this, `import coda_env` does not."""
     return register_app(AppSpec(
         name="fake", env_id="coda/Fake-v0", adapter=FakeApp, tasks=list(tasks),
-        checks=[CheckType("fake_clicks", _clicks, lambda c: None, (frozenset({"at_least"}), frozenset()))],
+        checks=[CheckType("fake_clicks", _clicks, lambda c: None, required={"at_least"})],
         env_kwargs={"backend": "fake", "settle_quiet": 0.0, "settle_timeout": 0.0},
         description="a scripted FAKE app for fast tests (no X server)"))

@@ -319,9 +319,9 @@ def _file(c: dict, ctx: CheckContext) -> tuple[bool, str]:
 
 CHECKS = [
     CheckType("states", _states, _states_validate,
-              (frozenset({"path"}), frozenset({"value", "pattern", "contains", "exists", "tol"}))),
+              required={"path"}, optional={"value", "pattern", "contains", "exists", "tol"}),
     CheckType("chimerax_info", _info, _info_validate,
-              (frozenset(), frozenset({"command", "log", "json", "value", "pattern", "contains", "lines", "tol"}))),
+              optional={"command", "log", "json", "value", "pattern", "contains", "lines", "tol"}),
     CheckType("chimerax_file", _file, _file_validate,
-              (frozenset({"path"}), frozenset(FILE_KEYS) | {"tol"})),
+              required={"path"}, optional=frozenset(FILE_KEYS) | {"tol"}),
 ]

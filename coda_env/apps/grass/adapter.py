@@ -442,7 +442,7 @@ def _scale(ctx, op: dict) -> None:
 
 SETUP_OPS = [
     SetupOp("location", _location, _location_validate,
-            (frozenset(), frozenset({"location", "mapset", "grassdata", "open"})), phase="files"),
-    SetupOp("scale", _scale, _scale_validate, (frozenset({"scale"}), frozenset()), phase="app"),
-    SetupOp("layer", _layer, _layer_validate, (frozenset({"map"}), frozenset({"type", "params"})), phase="app"),
+            optional={"location", "mapset", "grassdata", "open"}, phase="files"),
+    SetupOp("scale", _scale, _scale_validate, required={"scale"}, phase="app"),
+    SetupOp("layer", _layer, _layer_validate, required={"map"}, optional={"type", "params"}, phase="app"),
 ]

@@ -237,10 +237,10 @@ def _tab_validate(op: dict) -> None:
         raise SetupError(f"'name' must be one of {TABS}")
 
 
-_EXPR = (frozenset({"expr"}), frozenset())
+_EXPR = {"required": {"expr"}}
 SETUP_OPS = [
-    SetupOp("tab", _run, _tab_validate, (frozenset(), frozenset({"index", "name"}))),
-    SetupOp("console", _run, _expr_validate, _EXPR),
-    SetupOp("func_2d", _run, _expr_validate, _EXPR),
-    SetupOp("func_3d", _run, _expr_validate, _EXPR),
+    SetupOp("tab", _run, _tab_validate, optional={"index", "name"}),
+    SetupOp("console", _run, _expr_validate, **_EXPR),
+    SetupOp("func_2d", _run, _expr_validate, **_EXPR),
+    SetupOp("func_3d", _run, _expr_validate, **_EXPR),
 ]
