@@ -36,7 +36,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def _envs() -> int:
-    from coda_env.backends.sandbox import probe
+    from coda_env.backends.local.sandbox import probe
     from coda_env.registry import APPS, BROKEN_APPS
     why = probe()
     print("sandbox (local backend): " + ("apps run sealed (bubblewrap)" if why is None else f"unavailable: {why}"))

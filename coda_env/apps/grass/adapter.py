@@ -11,7 +11,7 @@ Two sources of state, because GRASS keeps two kinds:
   `wxgui.py` only. It reads wx objects on the GUI thread and writes nothing. The channel cannot be taken
   over: the env listens, the GUI connects once at start (before any agent acts), and the env keeps that one
   connection (checked to come from the GUI process) and closes its socket; requests carry ids. The GUI's
-  console runs programs, but inside the app's sandbox (backends/sandbox.py), and nothing it starts can
+  console runs programs, but inside the app's sandbox (backends/local/sandbox.py), and nothing it starts can
   replace the GUI on that connection. Its Python tab is hidden (GRASS's `manager.hideTabs.pyshell`) and
   the Simple Python Editor's menu items are removed (`guistate._no_python_editor`).
 
