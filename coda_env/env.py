@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium import spaces
 
 from .actions import TERMINAL_KINDS, Action, ActionError, from_structured, parse_action, structured_space
-from .backends import make_desktop
+from .backends import get_backend, make_desktop
 from .backends.base import DesktopError
 from .checks import run_checks
 from .registry import (SETUP_OPS, App, AppError, CheckContext, LaunchContext, SetupContext, SetupError,
@@ -87,7 +87,7 @@ class CodaEnv(gym.Env):
         if render_mode not in (None, "rgb_array"):
             raise ValueError("render_mode must be None or 'rgb_array'")
         self.spec_app = get_app_spec(app)
-        if backend == "local":   # on a VM the app lives in the guest: the image decides
+        if get_backend(backend).apps_on_host:   # on a VM the app lives in the guest: the image decides
             missing = self.spec_app.available()
             if missing:
                 raise AppError(f"{self.spec_app.env_id} cannot run here: {missing}")

@@ -243,3 +243,8 @@ def register_fake(tasks: Sequence[dict] = FAKE_TASKS) -> AppSpec:
         checks=[CheckType("fake_clicks", _clicks, lambda c: None, required={"at_least"})],
         env_kwargs={"backend": "fake", "settle_quiet": 0.0, "settle_timeout": 0.0},
         description="a scripted FAKE app for fast tests (no X server)"))
+
+
+def make_desktop(width: int, height: int, sandbox: bool = True, **options) -> FakeDesktop:
+    """The backends table's entry point (a fake: there is nothing to seal)."""
+    return FakeDesktop(width, height, **options)

@@ -19,4 +19,12 @@ from .desktop import LocalConfig, LocalDesktop, _openbox_rc  # noqa: F401 (tests
 from .processes import TOKEN_VAR, _proc_state, kill_everything, token_pids  # noqa: F401
 from .xinput import _BUTTONS, _KEYSYMS, NO_KEYSYM, key_plan  # noqa: F401
 
-__all__ = ["LocalConfig", "LocalDesktop", "TOKEN_VAR", "NO_KEYSYM", "kill_everything", "token_pids", "key_plan"]
+
+
+def make_desktop(width: int, height: int, sandbox: bool = True, **options) -> LocalDesktop:
+    """The backends table's entry point (coda_env.backends.BACKENDS)."""
+    options.setdefault("sandbox", sandbox)
+    return LocalDesktop(LocalConfig(width=width, height=height, **options))
+
+
+__all__ = ["make_desktop", "LocalConfig", "LocalDesktop", "TOKEN_VAR", "NO_KEYSYM", "kill_everything", "token_pids", "key_plan"]
