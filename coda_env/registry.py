@@ -3,7 +3,7 @@
 An app is a package under `coda_env/apps/<app>/` whose `__init__` calls `register_app(AppSpec(...))`. That
 one call adds its env id (to gymnasium's registry), its check types and its setup operations; the env, the
 task loader and the `coda` command read these tables and never name an app. A test can register a
-throwaway app the same way (see `coda_env.backends.fake`).
+throwaway app the same way (see `coda_env.apps._fake`).
 """
 from __future__ import annotations
 
