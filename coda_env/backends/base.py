@@ -75,6 +75,11 @@ class Desktop(Protocol):
         a backend that can also switches keyboard locks off, so that no episode inherits another's input."""
     def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
         """GET http://127.0.0.1:port/path as seen from the desktop (this machine, or inside the VM guest)."""
+    def checkpoint(self, name: str) -> None:
+        """(capability "snapshots") Save the running desktop, apps and all, as `name`; `reset()` reverts to
+        the latest. A desktop without the capability raises DesktopError."""
+    def reset(self) -> None:
+        """(capability "snapshots") Revert in place to the latest checkpoint (or to the booted desktop)."""
 
 
 SNAPSHOTS = "snapshots"

@@ -168,6 +168,12 @@ class FakeDesktop:
     def a11y(self):
         raise DesktopError("the fake desktop has no accessibility bus")
 
+    def checkpoint(self, name: str) -> None:
+        raise DesktopError("the fake desktop has no snapshots (the capability 'snapshots' is a VM's)")
+
+    def reset(self) -> None:
+        raise DesktopError("the fake desktop has no snapshots (the capability 'snapshots' is a VM's)")
+
     def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
         raise DesktopError("the fake desktop serves no HTTP")
 

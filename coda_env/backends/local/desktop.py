@@ -557,6 +557,12 @@ class LocalDesktop(XInput):
     def read_file(self, path: str) -> bytes:
         return Path(path).read_bytes()
 
+    def checkpoint(self, name: str) -> None:
+        raise DesktopError("the local desktop has no snapshots (the capability 'snapshots' is a VM's)")
+
+    def reset(self) -> None:
+        raise DesktopError("the local desktop has no snapshots (the capability 'snapshots' is a VM's)")
+
     def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
         """GET http://127.0.0.1:port/path (an app's own server on this machine). A sealed app has a network
         namespace of its own: the request is made from inside it (setns on a thread of ours; needs root)."""
