@@ -136,6 +136,27 @@ class A11ySource(Protocol):
     def close(self) -> None: ...
 
 
+class A11yAdapter:
+    """What app adapters that read their app through AT-SPI share: one connection to the desktop's
+    accessibility (any A11ySource: this machine's bus, or a VM guest's reader) per episode, opened when
+    first needed and closed with the episode (`close()`, which the env calls at every reset)."""
+
+    _a11y: "A11ySource | None" = None
+
+    def _client(self, desktop: Any) -> "A11ySource":
+        if self._a11y is None:
+            self._a11y = desktop.a11y()
+        return self._a11y
+
+    def close(self) -> None:
+        if self._a11y is not None:
+            try:
+                self._a11y.close()
+            except Exception:  # noqa: BLE001 - the bus may be gone with the desktop
+                pass
+        self._a11y = None
+
+
 class A11yClient:
     """A connection to the AT-SPI bus of one desktop."""
 

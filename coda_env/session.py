@@ -9,26 +9,13 @@ app of the task, polls each until ready (never a fixed wait), saves a snapshot w
 """
 from __future__ import annotations
 
-import errno
 import shutil
-import tempfile
 import time
 from typing import Any, Callable
 
-from .backends.base import SNAPSHOTS, Desktop, DesktopError
+from .backends.base import SNAPSHOTS, Desktop, DesktopError, make_temp_dir
 from .registry import SETUP_OPS, App, AppError, LaunchContext, SetupContext, SetupError, get_app_spec
 from .tasks import Task, TaskError
-
-
-def temp_folder(prefix: str, parent: str | None = None) -> str:
-    """A fresh folder; an error that names the folder and the fix instead of a bare OSError."""
-    try:
-        return tempfile.mkdtemp(prefix=prefix, dir=parent)
-    except OSError as e:
-        where = parent or tempfile.gettempdir()
-        hint = ("the disk is full: free space or " if e.errno == errno.ENOSPC else "")
-        raise OSError(e.errno, f"cannot create a folder for the app in {where} ({e.strerror}): {hint}set TMPDIR "
-                               f"to a writable folder with free space") from None
 
 
 class Session:
@@ -89,7 +76,7 @@ class Session:
 
     def _launch(self, task: Task, apps: tuple[str, ...]) -> None:
         # inside the desktop's own folder where it has one (local): removed with it however we end
-        self.home = temp_folder(f"coda-{self.main_app}-", self.desktop.tmpdir)
+        self.home = make_temp_dir(f"coda-{self.main_app}-", self.desktop.tmpdir, what="a folder for the app")
         open_files: list[str] = []
         for op in task.initialize:
             if SETUP_OPS[op["func"]].phase == "files":

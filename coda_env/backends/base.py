@@ -5,6 +5,7 @@ the desktop only through this protocol, so the same app adapter and task run on 
 """
 from __future__ import annotations
 
+import errno
 import signal
 import subprocess
 import tempfile
@@ -87,13 +88,15 @@ A11Y = "a11y"
 
 
 def make_temp_dir(prefix: str, parent: str | None = None, what: str = "a temporary folder") -> str:
-    """tempfile.mkdtemp, with an error that names the folder and the fix instead of a bare OSError."""
+    """tempfile.mkdtemp, with an error that names the folder and the fix instead of a bare OSError (the one
+    helper for the desktops' folders and the apps' homes)."""
     try:
         return tempfile.mkdtemp(prefix=prefix, dir=parent)
     except OSError as e:
         where = parent or tempfile.gettempdir()
-        raise DesktopError(f"cannot create {what} in {where} ({e.strerror or e}): set TMPDIR to a writable "
-                           f"folder with free space") from None
+        hint = "the disk is full: free space or " if e.errno == errno.ENOSPC else ""
+        raise DesktopError(f"cannot create {what} in {where} ({e.strerror or e}): {hint}set TMPDIR to a "
+                           f"writable folder with free space") from None
 
 
 def backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...a11y import A11yError, A11ySource, Node
+from ...a11y import A11yAdapter, A11yError, Node
 from ...actions import Action
 from ...backends.base import Desktop
 from ...registry import AppError, LaunchContext, SetupContext, SetupError, SetupOp
@@ -25,13 +25,12 @@ _DETAILS = frozenset({"page tab"})
 STATE_PATIENCE = 30.0  # seconds a running but busy KAlgebra may take to answer a state read  # the tabs' states say which is current; their extents are pressed
 
 
-class KAlgebra:
+class KAlgebra(A11yAdapter):
     name = "kalgebra"
     wm_class = "kalgebra"
     binary = "kalgebra"
 
     def __init__(self) -> None:
-        self._a11y: A11ySource | None = None
         self._proc: subprocess.Popen | None = None
         self._found_on: Desktop | None = None   # the desktop where `kalgebra` was found (asked once)
 
@@ -63,19 +62,6 @@ class KAlgebra:
         # no episode can leave anything for the next one.
         self._proc = desktop.spawn([self.binary], env=env, cwd=str(home), log=str(home / "kalgebra.log"))
         return self._proc
-
-    def close(self) -> None:
-        if self._a11y is not None:
-            try:
-                self._a11y.close()
-            except Exception:
-                pass
-        self._a11y = None
-
-    def _client(self, desktop: Desktop) -> A11ySource:
-        if self._a11y is None:
-            self._a11y = desktop.a11y()
-        return self._a11y
 
     def _tree(self, desktop: Desktop, texts: bool, skip: frozenset[str] = _STATE_SKIP) -> Node | None:
         return self._client(desktop).app_tree(self.name, skip_roles=skip, texts=texts, details_roles=_DETAILS)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...a11y import A11yError, Node
+from ...a11y import A11yAdapter, A11yError, Node
 from ...registry import AppError, LaunchContext
 
 WORKDIR = "atelier"          # the task files' folder inside home (ScienceBoard's /home/user/atelier)
@@ -72,14 +72,13 @@ _SHOWING = 1 << 25
 _VISIBLE = 1 << 30
 
 
-class TeXstudio:
+class TeXstudio(A11yAdapter):
     name = "texstudio"
     wm_class = "TeXstudio"
     binary = "texstudio"
     a11y_name = "TeXstudio"
 
     def __init__(self) -> None:
-        self._a11y = None
         self._proc: subprocess.Popen | None = None
         self.home: str | None = None
         self.workdir: str | None = None
@@ -128,19 +127,6 @@ class TeXstudio:
             return list(self.files)
         self.shown_root = link
         return [os.path.join(link, os.path.relpath(f, home)) for f in self.files]
-
-    def close(self) -> None:
-        if self._a11y is not None:
-            try:
-                self._a11y.close()
-            except Exception:
-                pass
-        self._a11y = None
-
-    def _client(self, desktop):
-        if self._a11y is None:
-            self._a11y = desktop.a11y()
-        return self._a11y
 
     def _shown(self, path: str) -> str:
         root = self.shown_root
