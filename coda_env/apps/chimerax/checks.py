@@ -18,9 +18,19 @@ import re
 import struct
 from typing import Any
 
+from ...registry import (
+    MAX_VALUE,
+    AppError,
+    CheckContext,
+    CheckError,
+    CheckType,
+    SetupError,
+    confined,
+    finite_values,
+    number,
+    relative_path,
+)
 from . import commands
-from ._core import (MAX_VALUE, AppError, CheckContext, CheckError, CheckType, SetupError, confined, finite_values,
-                    number, relative_path)
 from .adapter import dump_state, quote, rest_run
 
 # The queries a chimerax_info check may run (as resolved by commands.py): they read, never write or reach out.

@@ -12,8 +12,15 @@ import os
 import re
 from pathlib import Path
 
+from ...registry import (
+    SetupContext,
+    SetupError,
+    SetupOp,
+    confined,
+    number,
+    relative_path,
+)
 from . import commands
-from ._core import SetupContext, SetupError, SetupOp, confined, number, relative_path
 from .adapter import DATA, quote
 
 # Commands a task file may run (with their subcommands): they change what is shown, never files or code.

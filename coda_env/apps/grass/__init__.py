@@ -13,7 +13,8 @@ from pathlib import Path
 
 from . import scienceboard
 from ...registry import AppSpec, register_app
-from .adapter import SETUP_OPS, Grass
+from .adapter import Grass
+from .setup import SETUP_OPS
 from .checks import CHECKS
 from .data import SYSTEM_PYTHON, set_grassdata  # noqa: F401  (coda import-scienceboard --grassdata)
 

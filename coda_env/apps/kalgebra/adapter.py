@@ -14,7 +14,7 @@ from typing import Any
 from ...a11y import A11yAdapter, A11yError, Node
 from ...actions import Action
 from ...backends.base import Desktop
-from ...registry import AppError, LaunchContext, SetupContext, SetupError, SetupOp
+from ...registry import AppError, LaunchContext
 
 TABS = ("Calculator", "2D Graph", "3D Graph", "Dictionary")
 _SKIP = frozenset({"menu bar", "combo box", "popup menu", "scroll bar", "web document"})
@@ -196,37 +196,3 @@ class KAlgebra(A11yAdapter):
             if time.monotonic() > deadline:
                 raise AppError(f"KAlgebra did not switch to the {name!r} tab")
             time.sleep(0.01)
-
-
-
-def _run(ctx: SetupContext, op: dict) -> None:
-    ctx.app.run_op(ctx.desktop, op)
-
-
-def _expr_validate(op: dict) -> None:
-    from ...actions import ActionError, parse_action
-    expr = op.get("expr")
-    if not isinstance(expr, str) or not expr.strip() or len(expr) > 500:
-        raise SetupError("'expr' must be a non-empty string of at most 500 characters")
-    try:  # it is typed through the keyboard, so it must be typeable
-        parse_action(f"pyautogui.write({expr!r})")
-    except ActionError as e:
-        raise SetupError(f"'expr' cannot be typed: {e}") from None
-
-
-def _tab_validate(op: dict) -> None:
-    if ("index" in op) == ("name" in op):
-        raise SetupError("'tab' needs exactly one of index or name")
-    if "index" in op and op["index"] not in range(len(TABS)) or isinstance(op.get("index"), bool):
-        raise SetupError(f"'index' must be 0..{len(TABS) - 1}")
-    if "name" in op and op["name"] not in TABS:
-        raise SetupError(f"'name' must be one of {TABS}")
-
-
-_EXPR = {"required": {"expr"}}
-SETUP_OPS = [
-    SetupOp("tab", _run, _tab_validate, optional={"index", "name"}),
-    SetupOp("console", _run, _expr_validate, **_EXPR),
-    SetupOp("func_2d", _run, _expr_validate, **_EXPR),
-    SetupOp("func_3d", _run, _expr_validate, **_EXPR),
-]
