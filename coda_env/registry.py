@@ -219,6 +219,7 @@ class AppSpec:
     available: Callable[[], str | None] = lambda: None  # None: runnable here; else one line: what is missing
     scienceboard: Any = None                           # module with convert(sb_task, path) -> coda task dict
     scienceboard_names: tuple[str, ...] = ()           # ScienceBoard "type" values / folders it translates
+    scienceboard_options: dict = field(default_factory=dict)  # import options its translation takes: name -> help
     description: str = ""
     env_kwargs: dict = field(default_factory=dict)     # defaults passed to CodaEnv by gym.make
 

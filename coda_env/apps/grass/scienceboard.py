@@ -336,6 +336,6 @@ def convert(sb: dict, path: str, grassdata: str | None = None) -> dict:
         "origin": f"scienceboard:GrassGIS/{stem}",
         "requires": "ScienceBoard's GRASS location(s) " + ", ".join(dict.fromkeys(locations))
                     + " (from its VM image): pass the GRASS database holding them with "
-                      "`coda import-scienceboard --grassdata DIR` or $CODA_GRASSDATA",
+                      "`coda import-scienceboard --option grassdata=DIR` or $CODA_GRASSDATA",
     }
     return task

@@ -39,7 +39,7 @@ def _location(ctx, op: dict) -> None:
     src = op.get("grassdata") or data.grassdata()
     if not src:
         raise AppError(f"this task needs the GRASS location {loc!r}: name the GRASS database holding it with "
-                       f"$CODA_GRASSDATA or `coda import-scienceboard --grassdata DIR`")
+                       f"$CODA_GRASSDATA or `coda import-scienceboard --option grassdata=DIR`")
     if not data.is_location(Path(src, loc)) or not Path(src, loc, mapset).is_dir():
         raise AppError(f"the GRASS location {loc}/{mapset} is not in {src}")
     if op.get("open", True):
