@@ -145,6 +145,11 @@ class GuestA11y:
             args += ["--details", role]
         if texts:
             args.append("--texts")
+        data = self._read(args, name)
+        return Node.from_dict(data) if data is not None else None
+
+    def _read(self, args: list[str], name: str) -> Any:
+        """Run the reader (sent whole with the call) in the guest; its JSON answer."""
         try:
             p = self.desktop.run(reader_argv(self.python, A11Y_SOURCE, args), timeout=self.timeout)
         except FileNotFoundError:
@@ -157,10 +162,23 @@ class GuestA11y:
             raise A11yError(f"the guest's a11y reader failed (exit {p.returncode}): "
                             f"{p.stderr.decode(errors='replace').strip()[-400:]}")
         try:
-            data = json.loads(p.stdout)
+            return json.loads(p.stdout)
         except ValueError as e:
-            raise A11yError(f"the guest's a11y reader printed no JSON tree ({e})") from None
-        return Node.from_dict(data) if data is not None else None
+            raise A11yError(f"the guest's a11y reader printed no JSON ({e})") from None
+
+    def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
+                     unlisted: frozenset[str] = frozenset()) -> list[tuple] | None:
+        """The guest's reader's `showing` command (a11y.py, sent with the call)."""
+        args = ["showing", self.address, name, "--max", str(int(max_nodes))]
+        for role in sorted(text_roles):
+            args += ["--text", role]
+        for role in sorted(unlisted):
+            args += ["--unlisted", role]
+        data = self._read(args, name)
+        if data is None:
+            return None
+        return [(int(d), str(r), str(n), t if isinstance(t, str) else None, tuple(int(v) for v in e) if e else None)
+                for d, r, n, t, e in data]
 
     def states(self, node: Node) -> set[str]:
         if node.states is None:
