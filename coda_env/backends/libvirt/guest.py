@@ -149,7 +149,7 @@ class GuestA11y:
         return Node.from_dict(data) if data is not None else None
 
     def _read(self, args: list[str], name: str) -> Any:
-        """Run the reader (sent whole with the call) in the guest; its JSON answer."""
+        """Run the reader (sent whole with the call) in the guest; its JSON answer (a tree, or rows)."""
         try:
             p = self.desktop.run(reader_argv(self.python, A11Y_SOURCE, args), timeout=self.timeout)
         except FileNotFoundError:
@@ -164,7 +164,8 @@ class GuestA11y:
         try:
             return json.loads(p.stdout)
         except ValueError as e:
-            raise A11yError(f"the guest's a11y reader printed no JSON ({e})") from None
+            what = "tree" if args[0] == "tree" else "rows"
+            raise A11yError(f"the guest's a11y reader printed no JSON {what} ({e})") from None
 
     def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
                      unlisted: frozenset[str] = frozenset()) -> list[tuple] | None:
