@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from ..actions import Action
 
 if TYPE_CHECKING:
     from ..a11y import A11ySource
+
+T = TypeVar("T")
 
 
 class DesktopError(RuntimeError):
@@ -97,6 +99,20 @@ def make_temp_dir(prefix: str, parent: str | None = None, what: str = "a tempora
         hint = "the disk is full: free space or " if e.errno == errno.ENOSPC else ""
         raise DesktopError(f"cannot create {what} in {where} ({e.strerror or e}): {hint}set TMPDIR to a "
                            f"writable folder with free space") from None
+
+
+def poll_until(deadline: float, attempt: Callable[[], T | None], on_timeout: Callable[[], Exception],
+               first: float = 0.005, most: float = 0.2) -> T:
+    """Call `attempt` until it returns something other than None, with growing pauses between the calls;
+    `on_timeout()`'s exception once the next pause would end past `deadline` (time.monotonic())."""
+    for pause in backoff(first, most):
+        got = attempt()
+        if got is not None:
+            return got
+        if time.monotonic() + pause > deadline:
+            raise on_timeout()
+        time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:

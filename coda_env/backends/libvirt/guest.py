@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import a11y as a11y_module
 from ...a11y import A11yError, Node
-from ..base import DesktopError, PolledProcess, Window, backoff
+from ..base import DesktopError, PolledProcess, Window, backoff, poll_until
 from .config import GUEST_PYTHON, DomainBootError, GuestAgentError, GuestHttpError, _code
 from .guest_http import OSWorldGuest
 
@@ -202,20 +202,21 @@ class GuestMixin:
     def _wait_guest(self, deadline: float) -> None:
         if self.config.guest == "agent":
             return self._wait_agent(deadline)
-        for pause in backoff(0.2, 2.0):
+
+        def answered() -> bool | None:
             self._boot_failed()
             if self._http is None:
                 url = self.config.guest_url or self._lease_url()
                 self._http = OSWorldGuest(url, self.config.agent_timeout) if url else None
-            if self._http is not None and self._http.ping():
-                return
-            if time.monotonic() + pause > deadline:
-                where = self._http.url if self._http else "no DHCP lease of the domain yet"
-                raise GuestAgentError(
-                    f"the HTTP server in {self.name} did not answer ({where}): the image must run an "
-                    f"OSWorld-style server on port {self.config.guest_port}, and the domain XML needs a network "
-                    f"interface (vm_images/scienceboard.xml.in) or pass guest_url")
-            time.sleep(pause)
+            return True if self._http is not None and self._http.ping() else None
+
+        def timeout() -> Exception:
+            where = self._http.url if self._http else "no DHCP lease of the domain yet"
+            return GuestAgentError(
+                f"the HTTP server in {self.name} did not answer ({where}): the image must run an "
+                f"OSWorld-style server on port {self.config.guest_port}, and the domain XML needs a network "
+                f"interface (vm_images/scienceboard.xml.in) or pass guest_url")
+        poll_until(deadline, answered, timeout, 0.2, 2.0)
 
     def _lease_url(self) -> str | None:
         try:
@@ -231,21 +232,25 @@ class GuestMixin:
     def _wait_agent(self, deadline: float) -> None:
         """Poll guest-ping until the agent answers; fail fast when this driver has no agent at all."""
         lv = self._lv
-        for pause in backoff(0.1, 2.0):
+        last: list[Exception] = []
+
+        def answered() -> bool | None:
             self._boot_failed()
             try:
                 self._agent("guest-ping", timeout=5)
-                return
+                return True
             except GuestAgentError as e:
                 if e.__cause__ is not None and _code(e.__cause__) == lv.VIR_ERR_NO_SUPPORT:
                     raise
-                last = e
-            if time.monotonic() + pause > deadline:
-                raise GuestAgentError(
-                    f"the QEMU guest agent in {self.name} did not answer within "
-                    f"{self.config.boot_timeout:.0f}s ({last}): install and enable qemu-guest-agent in the "
-                    f"image and keep the org.qemu.guest_agent.0 channel in the domain XML") from None
-            time.sleep(pause)
+                last[:] = [e]
+                return None
+
+        def timeout() -> Exception:
+            return GuestAgentError(
+                f"the QEMU guest agent in {self.name} did not answer within "
+                f"{self.config.boot_timeout:.0f}s ({last[0] if last else 'no answer'}): install and enable "
+                f"qemu-guest-agent in the image and keep the org.qemu.guest_agent.0 channel in the domain XML")
+        poll_until(deadline, answered, timeout, 0.1, 2.0)
 
     def _prepare_a11y(self, deadline: float) -> None:
         """Run the a11y reader (`a11y.py apps`, sent with the call like every read) until the guest's AT-SPI
