@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from coda_env.backends.fake import register_fake
+from coda_env.apps._fake import register_fake
 from coda_env.env import CodaEnv
 from coda_env.scoring import Episode, Score
 

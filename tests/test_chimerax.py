@@ -20,7 +20,7 @@ from coda_env.actions import parse_action
 from coda_env.apps.chimerax import adapter as ad
 from coda_env.apps.chimerax import checks as ck
 from coda_env.apps.chimerax import setup as su
-from coda_env.apps.chimerax._core import AppError, CheckContext, CheckError, LaunchContext, SetupContext, SetupError
+from coda_env.registry import AppError, CheckContext, CheckError, LaunchContext, SetupContext, SetupError
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "coda_env" / "apps" / "chimerax"

@@ -330,3 +330,23 @@ def test_nothing_left_after_close():
     after = set(glob.glob(os.path.join(tempfile.gettempdir(), "coda-texstudio-*")))
     assert after <= before, after - before
     assert home and not os.path.exists(home)
+
+
+@needs_texstudio
+def test_a11y_text_is_the_same_through_a_vm_guests_reader():
+    """TeXstudio's a11y_text uses only the A11ySource protocol, so it reads the same through the libvirt
+    backend's guest reader (run here by the guest-agent stand-in of test_env, on this desktop's bus)."""
+    from coda_env.env import CodaEnv
+
+    from .test_env import _GuestView
+    env = CodaEnv(app="texstudio")
+    try:
+        env.reset(options={"task": "build_pdf"})
+        local = env.unwrapped.app.a11y_text(env.unwrapped.desktop)
+        guest = type(env.unwrapped.app)()
+        guest._proc, guest.a11y_name = env.unwrapped.app._proc, env.unwrapped.app.a11y_name
+        remote = guest.a11y_text(_GuestView(env.unwrapped.desktop))
+        assert len(local.splitlines()) > 10 and "main.tex" in local
+        assert remote == local
+    finally:
+        env.close()

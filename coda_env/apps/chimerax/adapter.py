@@ -21,7 +21,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from ._core import AppError, LaunchContext
+from ...registry import AppError, LaunchContext
 
 HERE = Path(__file__).resolve().parent
 INSIDE = HERE / "inside.py"

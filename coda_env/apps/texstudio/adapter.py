@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...a11y import A11yError, Node
+from ...a11y import A11yAdapter, A11yError, Node
 from ...registry import AppError, LaunchContext
 
 WORKDIR = "atelier"          # the task files' folder inside home (ScienceBoard's /home/user/atelier)
@@ -66,20 +66,15 @@ _STATE_SKIP = frozenset({"menu bar", "popup menu", "list", "scroll bar", "tool b
 _PANE_TABS = frozenset({"Messages", "Log", "Preview", "Terminal", "Search Results"})
 _COMPLETER_TABS = frozenset({"typical", "most used", "fuzzy", "all"})
 _TEXT_ROLES = frozenset({"text", "entry", "spin box", "label", "terminal"})
-_ACC = "org.a11y.atspi.Accessible"
-_PROPS = "org.freedesktop.DBus.Properties"
-_SHOWING = 1 << 25
-_VISIBLE = 1 << 30
 
 
-class TeXstudio:
+class TeXstudio(A11yAdapter):
     name = "texstudio"
     wm_class = "TeXstudio"
     binary = "texstudio"
     a11y_name = "TeXstudio"
 
     def __init__(self) -> None:
-        self._a11y = None
         self._proc: subprocess.Popen | None = None
         self.home: str | None = None
         self.workdir: str | None = None
@@ -128,19 +123,6 @@ class TeXstudio:
             return list(self.files)
         self.shown_root = link
         return [os.path.join(link, os.path.relpath(f, home)) for f in self.files]
-
-    def close(self) -> None:
-        if self._a11y is not None:
-            try:
-                self._a11y.close()
-            except Exception:
-                pass
-        self._a11y = None
-
-    def _client(self, desktop):
-        if self._a11y is None:
-            self._a11y = desktop.a11y()
-        return self._a11y
 
     def _shown(self, path: str) -> str:
         root = self.shown_root
@@ -319,16 +301,16 @@ class TeXstudio:
     # ------------------------------------------------------------------------------ a11y_text
     def a11y_text(self, desktop) -> str:
         """One line per SHOWING element: role, name, text, box. Read a level at a time; subtrees whose root
-        is not showing (closed menus, hidden docks, other tabs) are never read; at most A11Y_MAX_NODES."""
+        is not showing (closed menus, hidden docks, other tabs) are never read; at most A11Y_MAX_NODES. Only
+        the A11ySource protocol: the same on this machine's bus and through a VM guest's reader."""
         self._alive()
         client = self._client(desktop)
         try:
-            app = client.application(self.a11y_name)
-            if app is None:
-                raise AppError("texstudio is not on the accessibility bus (did it crash?)")
-            rows = _visible_rows(client, app)
+            rows = client.showing_rows(self.a11y_name, A11Y_MAX_NODES, _TEXT_ROLES, _BORING)
         except A11yError as e:
             raise AppError(f"cannot read TeXstudio's accessibility tree: {e}") from None
+        if rows is None:
+            raise AppError("texstudio is not on the accessibility bus (did it crash?)")
         rows.sort(key=lambda r: (r[4][1], r[4][0]) if r[4] else (1 << 30, 0))  # reading order on screen
         out, size = ["role\tname\ttext\tx,y,w,h"], 0
         for depth, role, name, text, ext in rows:
@@ -342,51 +324,3 @@ class TeXstudio:
 
 
 _BORING = frozenset({"filler", "layered pane", "splitter", "grip", "scroll bar", "panel", "separator"})
-
-
-def _visible_rows(client, app: Node) -> list[tuple]:
-    """(depth, role, name, text, extents) of the showing nodes under `app`, breadth-first with each level's
-    requests pipelined (A11yClient's batch call); unnamed containers are walked through, not listed."""
-    many = client._many  # the local backend's pipelined reader (a remote reader has no such call)
-    rows: list[tuple] = []
-    level = [(app, -1)]
-    count = 0
-    while level and count < A11Y_MAX_NODES:
-        res = many([(n.bus, n.path, _ACC, "GetChildren", None, ()) for n, _ in level])
-        kids: list[tuple[Node, int]] = []
-        for (n, depth), body in zip(level, res):
-            for b, p in (body[0] if body else []):
-                kids.append((Node(b, p), depth + 1))
-        if not kids:
-            break
-        kids = kids[: 4 * A11Y_MAX_NODES]
-        calls = []
-        for n, _ in kids:
-            calls += [(n.bus, n.path, _ACC, "GetRoleName", None, ()),
-                      (n.bus, n.path, _PROPS, "Get", "ss", (_ACC, "Name")),
-                      (n.bus, n.path, _ACC, "GetState", None, ())]
-        res = many(calls)
-        shown: list[tuple[Node, int]] = []
-        for i, (n, depth) in enumerate(kids):
-            role, name, st = res[3 * i], res[3 * i + 1], res[3 * i + 2]
-            n.role = role[0] if role else ""
-            n.name = name[0][1] if name else ""
-            bits = st[0][0] if st else 0
-            if bits & _SHOWING and bits & _VISIBLE and n.role != "scroll bar":
-                shown.append((n, depth))
-        shown = shown[: A11Y_MAX_NODES - count]
-        count += len(shown)
-        listed = [(n, d) for n, d in shown if n.name or n.role not in _BORING]
-        calls = [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,)) for n, _ in listed]
-        calls += [(n.bus, n.path, "org.a11y.atspi.Text", "GetText", "ii", (0, 2000))
-                  for n, _ in listed if n.role in _TEXT_ROLES]
-        res = many(calls) if calls else []
-        ext = res[: len(listed)]
-        texts = iter(res[len(listed):])
-        for (n, d), e in zip(listed, ext):
-            text = next(texts) if n.role in _TEXT_ROLES else None
-            if not e or e[0][2] <= 0 or e[0][3] <= 0:  # no box on screen (a stale or collapsed widget)
-                continue
-            rows.append((d, n.role, n.name, text[0] if text else None, tuple(e[0]) if e else None))
-        level = shown
-    return rows

@@ -16,8 +16,9 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 import xml.etree.ElementTree as ET
+
+import tomllib
 
 
 def _git(repo: str, *args: str) -> str:
