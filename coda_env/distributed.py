@@ -3,8 +3,8 @@
 One process per env, as AsyncVectorEnv has, but the processes are Ray actors, so they can sit on any node
 of a Ray cluster: each declares what it needs (`num_cpus`, `memory`) and Ray places it (spread over nodes by
 default, or pinned to nodes, or into a placement group through `actor_options`). With the libvirt backend,
-`hosts` (former name `libvirt_uris`) spreads the actors' VMs over several libvirt hosts (actor i uses
-hosts[i % len(hosts)]).
+`hosts` spreads the actors' envs over other hosts through their backend's host option (a VM backend's
+libvirt URIs: actor i uses hosts[i % len(hosts)]).
 
 The facade behaves like gymnasium's vector envs in NEXT_STEP autoreset mode (the step after an episode ends
 resets that env and returns its first observation, reward 0), and `get_attr`/`set_attr`/`call` reach the
@@ -83,14 +83,13 @@ class RayVectorEnv(VectorEnv):
     (Ray's SPREAD strategy: actors over as many nodes as possible), "pack" (Ray's default), or a list of Ray
     node ids (actor i pinned to node_ids[i % len]). actor_options: any other `ActorClass.options(...)`
     (a placement-group scheduling strategy, runtime_env, ...). hosts: actor i's env runs on hosts[i % n]
-    through its backend's host option (libvirt: backend_options["uri"]); `libvirt_uris` is its former name. timeout: seconds a reset or step
+    through its backend's host option (the backends table's host_option). timeout: seconds a reset or step
     may take before the actor is declared hung and replaced (VMs under software emulation need more).
     """
 
     def __init__(self, env_id: str, num_envs: int, *, wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
                  num_cpus: float = 1.0, memory: int | None = 1 << 30, placement: str | Sequence[str] = "spread",
                  actor_options: dict | None = None, hosts: Sequence[str] | None = None,
-                 libvirt_uris: Sequence[str] | None = None,
                  timeout: float = 120.0, start_timeout: float = 300.0, **env_kwargs):
         try:
             import ray
@@ -104,7 +103,6 @@ class RayVectorEnv(VectorEnv):
         self.num_envs, self.env_id = int(num_envs), env_id
         self.timeout, self.start_timeout = float(timeout), float(start_timeout)
         self._wrappers = tuple(wrappers)
-        hosts = hosts or libvirt_uris
         self._env_kwargs = [self._kwargs_for(i, env_kwargs, hosts) for i in range(self.num_envs)]
         self._options = [self._actor_options(i, num_cpus, memory, placement, actor_options)
                          for i in range(self.num_envs)]

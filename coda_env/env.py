@@ -42,7 +42,7 @@ import numpy as np
 from gymnasium import spaces
 
 from .actions import TERMINAL_KINDS, Action, ActionError, from_structured, parse_action, structured_space
-from .backends import get_backend, make_desktop
+from .backends import DEFAULT_BACKEND, get_backend, make_desktop
 from .backends.base import Desktop, DesktopError
 from .checks import run_checks
 from .registry import App, AppError, CheckContext, get_app_spec
@@ -71,7 +71,7 @@ class CodaEnv(gym.Env[ObsType, ActType]):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, app: str, backend: str = "local", task: str | None = None,
+    def __init__(self, app: str, backend: str = DEFAULT_BACKEND, task: str | None = None,
                  tasks: Sequence[str] | None = None, task_dirs: Sequence[str] | None = None,
                  screen: tuple[int, int] = (1280, 800), reward: str | Scorer = "check",
                  action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,

@@ -89,3 +89,36 @@ def test_the_registry_knows_no_task_loading():
 def test_the_graph_is_read():
     graph = _graph()
     assert "coda_env.registry" in graph["coda_env.tasks"] and "coda_env.predicate" in graph["coda_env.checks"]
+
+
+def _code_without_comments(path: Path) -> str:
+    """A module's code with its comments and docstrings left out (what the names test reads)."""
+    import io
+    import tokenize
+    out, prev = [], tokenize.INDENT
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if tok.type == tokenize.COMMENT:
+            continue
+        if tok.type == tokenize.STRING and prev in (tokenize.INDENT, tokenize.NEWLINE, tokenize.NL,
+                                                    tokenize.DEDENT):
+            prev = tok.type
+            continue                                          # a docstring (a string as a statement)
+        if tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            out.append(tok.string)
+        prev = tok.type
+    return " ".join(out)
+
+
+def test_the_core_names_no_app_and_no_backend():
+    """No app name and no backend name in coda_env's own modules (coda_env/*.py: comments and docstrings
+    aside): adding either is one new room (apps/<app>/, a backends/ module), never an edit of the core."""
+    import re
+    apps = ("kalgebra", "grass", "texstudio", "chimerax", "celestia", "lean")
+    backends = ("local", "libvirt", "fake")
+    found = []
+    for path in sorted(PKG.glob("*.py")):
+        code = _code_without_comments(path).lower()
+        for name in apps + backends:
+            if re.search(rf"(?<![a-z_]){name}(?![a-z_])", code):
+                found.append(f"{path.name}: {name}")
+    assert not found, found

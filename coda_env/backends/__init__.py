@@ -16,6 +16,8 @@ class Backend:
     description: str = ""
 
 
+DEFAULT_BACKEND = "local"            # what gym.make uses when no backend is named
+
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("local", "coda_env.backends.local", apps_on_host=True,
             description="Xvfb on this machine, every app sealed (bubblewrap)"),
