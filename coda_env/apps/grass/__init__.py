@@ -11,12 +11,12 @@ import os
 import shutil
 from pathlib import Path
 
-from . import scienceboard
 from ...registry import AppSpec, register_app
+from . import scienceboard
 from .adapter import Grass
-from .setup import SETUP_OPS
 from .checks import CHECKS
 from .data import SYSTEM_PYTHON, set_grassdata  # noqa: F401  (coda import-scienceboard --option grassdata=DIR)
+from .setup import SETUP_OPS
 
 
 def available() -> str | None:

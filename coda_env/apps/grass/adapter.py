@@ -33,8 +33,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from . import data
+from ...backends.base import Desktop
 from ...registry import AppError
+from . import data
 
 SOCKET_ENV = "CODA_GRASS_STATE_SOCKET"
 A11Y_ROWS = 400
@@ -135,7 +136,7 @@ class Grass:
         return self._proc
 
     @staticmethod
-    def _stable_root(desktop, home: str) -> str:
+    def _stable_root(desktop: Desktop, home: str) -> str:
         """home as GRASS is given it. The Data Catalog shows the database's full path, and home is a fresh
         random folder per reset; through a link of fixed name in the desktop's own folder (which goes with
         the desktop) the screen is the same for every reset of one task (gymnasium's check_env)."""
@@ -231,7 +232,7 @@ class Grass:
             raise AppError(f"GRASS GUI state server: {reply.get('error')}")
         return reply
 
-    def ready(self, desktop) -> bool:
+    def ready(self, desktop: Desktop) -> bool:
         self._alive()
         if not any(w.title.endswith("GRASS GIS") and w.width >= desktop.width * 0.9 for w in desktop.windows()):
             return False
@@ -253,7 +254,7 @@ class Grass:
             return False
 
     # ------------------------------------------------------------------------------------ state
-    def state(self, desktop, busy_timeout: float = 60.0) -> dict[str, Any]:
+    def state(self, desktop: Desktop, busy_timeout: float = 60.0) -> dict[str, Any]:
         """The GUI's state, read once the commands it started have finished (so `db` checks see their data)."""
         self._alive()
         try:
@@ -271,7 +272,7 @@ class Grass:
         return st
 
     # ------------------------------------------------------------------------------------ a11y
-    def a11y_text(self, desktop) -> str:
+    def a11y_text(self, desktop: Desktop) -> str:
         """role | name | x,y,w,h for what is on screen: AT-SPI's showing menus/toolbar buttons, then the
         Layer Manager's layers (custom-drawn, so from the state server). Bounded to A11Y_ROWS rows."""
         rows: list[str] = ["role\tname\tbox"]
@@ -316,7 +317,7 @@ class Grass:
         return []
 
 
-def run_query(desktop, home: str | None, database: dict, module: str, args: list[str],
+def run_query(desktop: Desktop, home: str | None, database: dict, module: str, args: list[str],
               timeout: float = 60.0) -> str:
     """Run one GRASS module on the episode's location in a throwaway mapset (`--tmp-mapset`, so the GUI's
     lock on its mapset stays); its stdout. `module`/`args` must already be whitelisted (checks.py): no

@@ -28,7 +28,14 @@ import re
 from typing import Any
 
 from ...predicate import compile_predicate
-from ...registry import MAX_VALUE, AppError, CheckError, CheckType, finite_values, number
+from ...registry import (
+    MAX_VALUE,
+    AppError,
+    CheckError,
+    CheckType,
+    finite_values,
+    number,
+)
 
 TESTS = ("value", "gt", "ge", "lt", "le", "contains", "all_in", "one_of", "exists", "expr")
 _MISSING = object()

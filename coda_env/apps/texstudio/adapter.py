@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...a11y import A11yAdapter, A11yError, Node
+from ...backends.base import Desktop
 from ...registry import AppError, LaunchContext
 
 WORKDIR = "atelier"          # the task files' folder inside home (ScienceBoard's /home/user/atelier)
@@ -110,7 +111,7 @@ class TeXstudio(A11yAdapter):
         self._proc = desktop.spawn(argv, env=env, cwd=self.workdir, log=str(home / "texstudio.log"))
         return self._proc
 
-    def _stable_paths(self, desktop, home: Path) -> list[str]:
+    def _stable_paths(self, desktop: Desktop, home: Path) -> list[str]:
         """The files as TeXstudio is given them. Its title bar shows the file's full path, and home is a fresh
         random folder per reset; through a link of fixed name in the desktop's own folder (which goes with the
         desktop) the title, and so the screen, is the same for every reset of one task."""
@@ -132,7 +133,7 @@ class TeXstudio(A11yAdapter):
         if self._proc is not None and self._proc.poll() is not None:
             raise AppError(f"texstudio is not running (exit code {self._proc.returncode})")
 
-    def ready(self, desktop) -> bool:
+    def ready(self, desktop: Desktop) -> bool:
         """The main window is mapped and titled with the file shown last (TeXstudio shows the last file it
         was given); a second TeXstudio window at start is a dialog, which is an error, not a wait."""
         self._alive()
@@ -182,7 +183,7 @@ class TeXstudio(A11yAdapter):
                 out.extend(tabs)
         return out
 
-    def _files(self, desktop) -> dict[str, dict[str, Any]]:
+    def _files(self, desktop: Desktop) -> dict[str, dict[str, Any]]:
         """{home-relative path: {"size", "text"?}} of the working folder (and the opened files' folders),
         listed through the desktop so it works where the app runs."""
         roots = sorted({self.workdir, *(os.path.dirname(f) for f in self.files)} - {None})
@@ -206,7 +207,7 @@ class TeXstudio(A11yAdapter):
                 out[key] = info
         return out
 
-    def _wait_build(self, desktop, timeout: float = BUILD_WAIT) -> bool:
+    def _wait_build(self, desktop: Desktop, timeout: float = BUILD_WAIT) -> bool:
         """If a build the agent started is still running (a TeX tool is a child of TeXstudio), wait for it to
         end, as a person would before judging: a check must not race the build's output files."""
         if self._proc is None:
@@ -221,7 +222,7 @@ class TeXstudio(A11yAdapter):
             time.sleep(pause)
             pause = min(pause * 2, 0.2)
 
-    def _descendants(self, desktop) -> set[str]:
+    def _descendants(self, desktop: Desktop) -> set[str]:
         """The names of the processes below TeXstudio's (a sealed app runs a few levels down, under bwrap)."""
         r = desktop.run(["ps", "-e", "-o", "pid=,ppid=,comm="], timeout=10)
         kids: dict[int, list[tuple[int, str]]] = {}
@@ -236,7 +237,7 @@ class TeXstudio(A11yAdapter):
                 todo.append(pid)
         return names
 
-    def _read_tree(self, desktop) -> Node:
+    def _read_tree(self, desktop: Desktop) -> Node:
         try:
             tree = self._client(desktop).app_tree(self.a11y_name, skip_roles=_STATE_SKIP, texts=True)
         except A11yError as e:
@@ -245,7 +246,7 @@ class TeXstudio(A11yAdapter):
             raise AppError("texstudio is not on the accessibility bus (did it crash?)")
         return tree
 
-    def state(self, desktop) -> dict[str, Any]:
+    def state(self, desktop: Desktop) -> dict[str, Any]:
         """{"files": {rel: {"size", "text"}}, "pdf": {rel: size}, "tabs": [...], "current_tab",
         "messages", "log", "log_entries": [[file, type, line, message]], "pdf_page", "title"}."""
         self._alive()
@@ -299,7 +300,7 @@ class TeXstudio(A11yAdapter):
                 gui["pdf_page"], gui["pdf_pages"] = int(m.group(1)), int(m.group(2))
 
     # ------------------------------------------------------------------------------ a11y_text
-    def a11y_text(self, desktop) -> str:
+    def a11y_text(self, desktop: Desktop) -> str:
         """One line per SHOWING element: role, name, text, box. Read a level at a time; subtrees whose root
         is not showing (closed menus, hidden docks, other tabs) are never read; at most A11Y_MAX_NODES. Only
         the A11ySource protocol: the same on this machine's bus and through a VM guest's reader."""
