@@ -6,6 +6,7 @@
     coda train METHOD ...              train (methods: coda_agent.train.METHODS)
     coda judge calibrate ...           the VLM judge against the checks of stored episodes
     coda import-scienceboard SRC OUT   ScienceBoard's task files as coda task files
+    coda data states|show ...          state datasets (oracle replays, run folders) for step-level training
 
 Errors are one line on stderr and exit code 2, never a traceback. torch is imported only by the commands
 that load a model.
@@ -141,6 +142,18 @@ def _main(argv: list[str]) -> int:
         if argv[1:2] != ["calibrate"]:
             j.error("the judge command is: coda judge calibrate --runs RUN [RUN ...] --judge PATH_OR_URL")
         return main_calibrate(j.parse_args(argv[2:]))
+    if argv[:1] == ["data"]:
+        from .states import add_arguments as add_data_arguments
+        d = _parser("coda data", "State datasets for step-level training: build one (`coda data states SOURCES... "
+                    "--out DIR`) from oracle replays and run folders, or count one (`coda data show DIR`).")
+        dsub = d.add_subparsers(dest="data_cmd", required=True, metavar="COMMAND", parser_class=Parser)
+        add_data_arguments(dsub)
+        args = d.parse_args(argv[1:])
+        from .states import main_show, main_states
+        try:
+            return main_states(args) if args.data_cmd == "states" else main_show(args)
+        except user_errors as e:
+            return _fail(f"data {args.data_cmd}", e)
     if argv[:1] == ["import-scienceboard"]:
         try:
             return _import_scienceboard(argv[1:])
@@ -159,6 +172,7 @@ def _main(argv: list[str]) -> int:
                                  formatter_class=FORMAT))
     sub.add_parser("judge", help="coda judge calibrate: the VLM judge against stored episodes' checks")
     sub.add_parser("import-scienceboard", help="convert ScienceBoard's task files into coda task files")
+    sub.add_parser("data", help="coda data states|show: state datasets for step-level training")
     train = sub.add_parser("train", help="train: coda train METHOD ... (coda train --help lists the methods)",
                            formatter_class=FORMAT)
     if argv[:1] == ["train"]:                   # torch is imported only for this command

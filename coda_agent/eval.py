@@ -248,7 +248,8 @@ def add_arguments(p) -> None:
     p.add_argument("--episodes", type=int, default=1, help="episodes per task (k of pass@k)")
     p.add_argument("--num-envs", type=int, default=1, help="envs run in parallel (a gymnasium AsyncVectorEnv)")
     p.add_argument("--planner", help="planner checkpoint directory or http(s):// OpenAI-compatible endpoint")
-    p.add_argument("--executor", help="executor (UI-TARS-1.5) checkpoint directory or endpoint")
+    p.add_argument("--executor", help="executor (UI-TARS-1.5) checkpoint directory or endpoint, or `a11y` (--agent "
+                   "coda: grounds the planner's step in the app's accessibility tree, no model)")
     p.add_argument("--planner-model", help="model name at the planner endpoint (default: the first served)")
     p.add_argument("--executor-model", help="model name at the executor endpoint (default: the first served)")
     p.add_argument("--history", type=int, default=2, help="screenshots of earlier steps shown to the planner")
@@ -288,6 +289,8 @@ def main_eval(args) -> int:
                          f"(`coda tasks {app}` lists them)")
     agent = make_agent(args.agent, app, screen, args.planner, args.executor, args.planner_model,
                        args.executor_model, args.history, args.seed)
+    if getattr(agent, "wants_a11y_tree", False):   # the a11y executor reads the a11y_tree observation
+        env_kwargs["a11y_tree"] = True
     config = {k: v for k, v in {"planner": args.planner, "executor": args.executor,
                                 "planner_model": args.planner_model, "executor_model": args.executor_model}.items()
               if v is not None}

@@ -9,13 +9,14 @@ Sampling is at temperature 1.0 with up to `tries` attempts; a last failure is a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from . import prompts
-from .models import Conversation, SamplingParams, VLM, model_image_size
-from .rollout import Sample
+from .models import SamplingParams, VLM, generate_until_parsed, model_image_size
+from .planner import Plan
+from .types import Conversation, Sample
 from .uitars import UITarsParseError, parse_uitars, to_env_action
 
 
@@ -25,6 +26,19 @@ class ExecResult:
     calls: list[dict] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
     sample: Sample | None = None                # the last try (the one that counts), when the model gives ids
+
+
+class PlanExecutor(Protocol):
+    """What turns a planner's step into an env action: UI-TARS (`Executor`) or the accessibility tree
+    (`coda_agent.a11y_executor.A11yExecutor`). Items are (instruction, the planner's step text, observation),
+    the observation being the env's observation dict or just its screenshot."""
+
+    def execute(self, items: Sequence[tuple[str, str, Any]]) -> list[ExecResult]: ...
+
+
+def screenshot_of(observation: Any) -> np.ndarray:
+    """The screenshot of an observation dict, or the observation itself when it is an image already."""
+    return observation["screenshot"] if isinstance(observation, dict) else observation
 
 
 def uitars_action(text: str, image_size: tuple[int, int], screen: tuple[int, int],
@@ -47,27 +61,52 @@ class Executor:
                                              {"type": "image", "image": screenshot}]},
                 {"role": "assistant", "content": f"Thought: {thought}\nAction: "}]
 
-    def execute(self, items: Sequence[tuple[str, str, np.ndarray]]) -> list[ExecResult]:
-        """items: (instruction, planner thought, screenshot) per env. Failed parses are re-sampled together."""
-        results = [ExecResult(None) for _ in items]
-        convs = [self.conversation(*it) for it in items]
+    def execute(self, items: Sequence[tuple[str, str, Any]]) -> list[ExecResult]:
+        """items: (instruction, planner thought, observation or screenshot) per env. Failed parses are
+        re-sampled together (models.generate_until_parsed)."""
+        convs = [self.conversation(instr, thought, screenshot_of(obs)) for instr, thought, obs in items]
         image_size = model_image_size(self.model, self.screen)
-        todo = list(range(len(items)))
-        for attempt in range(self.tries):
-            if not todo:
-                break
-            gens = self.model.generate([convs[i] for i in todo], self.params)
-            failed = []
-            for i, g in zip(todo, gens):
-                call = {"model": "executor", "attempt": attempt + 1, "prefix": convs[i][-1]["content"],
-                        "output": g.text, "seconds": round(g.seconds, 3)}
-                results[i].calls.append(call)
+        tries = generate_until_parsed(self.model, convs, self.params,
+                                      lambda text: uitars_action(text, image_size, self.screen, self.coords),
+                                      self.tries, (UITarsParseError,))
+        results = []
+        for conv, attempts in zip(convs, tries):
+            res = ExecResult(None)
+            for a in attempts:
+                g = a.generation
+                res.calls.append({"model": "executor", "attempt": a.number, "prefix": conv[-1]["content"],
+                                  "output": g.text, "seconds": round(g.seconds, 3)})
                 if g.token_ids:
-                    results[i].sample = Sample("executor", convs[i], list(g.token_ids), g.logprobs)
-                try:
-                    results[i].action = uitars_action(g.text, image_size, self.screen, self.coords)
-                except UITarsParseError as e:
-                    results[i].parse_errors.append(f"executor try {attempt + 1}: {e}")
-                    failed.append(i)
-            todo = failed
+                    res.sample = Sample("executor", conv, list(g.token_ids), g.logprobs)
+                if a.ok:
+                    res.action = a.value
+                else:
+                    res.parse_errors.append(f"executor try {a.number}: {a.error}")
+            results.append(res)
         return results
+
+
+def executor_text(plan: Plan) -> str:
+    """What the executor is given of a (non-terminal) plan: the planner's thought and its step, as CODA hands
+    UI-TARS the planner's thought as the start of its answer."""
+    return f"{plan.thought} {plan.action}".strip()
+
+
+def plans_to_actions(executor: PlanExecutor, items: Sequence[tuple[str, Plan | None, Any]]) -> list[ExecResult]:
+    """The coda agent's one way from plans to env actions, batched: a terminal plan (DONE, FAIL, WAIT, ANS) is
+    its own action; any other goes through the executor in one batched call; a plan that is None (the
+    planner's answer did not parse) gets ExecResult(None). items: (instruction, plan, observation)."""
+    results: list[ExecResult] = [ExecResult(None) for _ in items]
+    todo = []
+    for k, (instr, plan, obs) in enumerate(items):
+        if plan is None:
+            continue
+        if plan.terminal:
+            results[k].action = plan.terminal
+        else:
+            todo.append(k)
+    if todo:
+        done = executor.execute([(items[k][0], executor_text(items[k][1]), items[k][2]) for k in todo])
+        for k, res in zip(todo, done):
+            results[k] = res
+    return results

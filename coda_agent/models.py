@@ -24,11 +24,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-Conversation = list[dict[str, Any]]
+from .types import Conversation
 
 # Qwen2.5-VL's image processor defaults: 14-px patches merged 2x2, so sizes are multiples of 28.
 IMAGE_FACTOR = 28
@@ -65,6 +65,44 @@ class VLM(Protocol):
     max_pixels: int
 
     def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[Generation]: ...
+
+
+@dataclass
+class Attempt:
+    """One try of `generate_until_parsed`: the generation, its 1-based number, and what `parse` made of it
+    (`value`) or why it failed (`error`)."""
+    number: int
+    generation: Generation
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def generate_until_parsed(model: VLM, conversations: Sequence[Conversation], params: SamplingParams,
+                          parse: Callable[[str], Any], tries: int = 3,
+                          errors: tuple[type[BaseException], ...] = (ValueError,)) -> list[list[Attempt]]:
+    """Sample each conversation until `parse(text)` succeeds or `tries` are spent; the conversations whose
+    answer failed to parse are re-sampled together, one batched `generate` per try. `parse` raising one of
+    `errors` is a failed try (anything else propagates). Returns each conversation's attempts in order: the
+    last is the one that counts (`ok` when it parsed). The one retry loop of the executor and UI-TARS."""
+    out: list[list[Attempt]] = [[] for _ in conversations]
+    todo = list(range(len(conversations)))
+    for number in range(1, max(1, tries) + 1):
+        if not todo:
+            break
+        gens = model.generate([conversations[i] for i in todo], params)
+        failed = []
+        for i, g in zip(todo, gens):
+            try:
+                out[i].append(Attempt(number, g, value=parse(g.text)))
+            except errors as e:
+                out[i].append(Attempt(number, g, error=str(e)))
+                failed.append(i)
+        todo = failed
+    return out
 
 
 def smart_resize(height: int, width: int, factor: int = IMAGE_FACTOR, min_pixels: int = DEFAULT_MIN_PIXELS,

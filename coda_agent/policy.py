@@ -13,37 +13,21 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from coda_env.actions import ActionError, parse_action
 
 from . import prompts
-from .executor import Executor, uitars_action
-from .models import Conversation, SamplingParams, VLM, model_image_size
+from .executor import Executor, plans_to_actions, uitars_action
+from .models import Conversation, SamplingParams, VLM, generate_until_parsed, model_image_size
 from .planner import Plan, PlanParseError, Planner, Turn
-from .rollout import Sample
+from .types import Agent, AgentStep, Sample
 from .uitars import UITarsParseError, parse_uitars
 
-
-@dataclass
-class AgentStep:
-    action: str                                   # what goes to env.step
-    thought: str = ""
-    plan: str = ""                                # the planner's step in words (coda) or the raw action
-    calls: list[dict] = field(default_factory=list)
-    parse_errors: list[str] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)   # the used model calls that gave token ids
-
-
-class Agent(Protocol):
-    name: str
-
-    def reset(self, slot: int, task) -> None: ...
-
-    def act(self, batch: Sequence[tuple[int, dict]]) -> list[AgentStep]: ...
+__all__ = ["AGENTS", "Agent", "AgentStep", "CodaAgent", "DoneAgent", "OracleAgent", "PlannerOnlyAgent",
+           "RandomAgent", "Sample", "UITarsAgent", "conversation_record", "make_agent", "planner_code"]
 
 
 def conversation_record(conv: Conversation) -> list[dict]:
@@ -106,31 +90,27 @@ class CodaAgent(_PlannerAgent):
     parse error and the env gets WAIT (nothing happens; the episode goes on)."""
     name = "coda"
 
-    def __init__(self, planner: Planner, executor: Executor):
+    def __init__(self, planner: Planner, executor):
         super().__init__(planner)
-        self.executor = executor
+        self.executor = executor            # executor.Executor (UI-TARS) or a11y_executor.A11yExecutor
+
+    @property
+    def wants_a11y_tree(self) -> bool:
+        """True when the executor reads the `a11y_tree` observation (make the env with a11y_tree=True)."""
+        return bool(getattr(self.executor, "wants_a11y_tree", False))
 
     def act(self, batch: Sequence[tuple[int, dict]]) -> list[AgentStep]:
         planned = self._plan(batch)
         steps = [step for step, _ in planned]
-        todo: list[tuple[int, str]] = []          # (index into batch, thought for the executor)
-        for k, (step, plan) in enumerate(planned):
-            if plan is None:
-                continue
-            if plan.terminal:
-                step.action = plan.terminal
-            else:
-                todo.append((k, f"{plan.thought} {plan.action}".strip()))
-        if todo:
-            results = self.executor.execute([(self.instructions[batch[k][0]], thought, batch[k][1]["screenshot"])
-                                             for k, thought in todo])
-            for (k, _), res in zip(todo, results):
-                steps[k].calls += res.calls
-                steps[k].parse_errors += res.parse_errors
-                if res.sample is not None:
-                    steps[k].samples.append(res.sample)
-                if res.action is not None:
-                    steps[k].action = res.action
+        results = plans_to_actions(self.executor, [(self.instructions[slot], plan, obs)
+                                                   for (slot, obs), (_, plan) in zip(batch, planned)])
+        for step, res in zip(steps, results):
+            step.calls += res.calls
+            step.parse_errors += res.parse_errors
+            if res.sample is not None:
+                step.samples.append(res.sample)
+            if res.action is not None:
+                step.action = res.action
         self._remember(batch, steps)
         return steps
 
@@ -164,31 +144,28 @@ class UITarsAgent:
     def act(self, batch: Sequence[tuple[int, dict]]) -> list[AgentStep]:
         image_size = model_image_size(self.model, self.screen)
         convs = [self.conversation(s, obs["screenshot"]) for s, obs in batch]
+
+        def parse(text: str) -> tuple[str, str]:
+            thought, _ = parse_uitars(text)
+            return thought or "", uitars_action(text, image_size, self.screen, self.coords)
+        tries = generate_until_parsed(self.model, convs, self.params, parse, self.tries, (UITarsParseError,))
         steps = [AgentStep("WAIT") for _ in batch]
         answers = [""] * len(batch)
-        samples: list[Sample | None] = [None] * len(batch)      # each entry's last try: the one that counts
-        todo = list(range(len(batch)))
-        for attempt in range(self.tries):
-            if not todo:
-                break
-            gens = self.model.generate([convs[k] for k in todo], self.params)
-            failed = []
-            for k, g in zip(todo, gens):
-                steps[k].calls.append({"model": "uitars", "attempt": attempt + 1, "input": conversation_record(
-                    convs[k]) if attempt == 0 else "(same)", "output": g.text, "seconds": round(g.seconds, 3)})
+        for k, attempts in enumerate(tries):
+            sample = None                       # the last try that gave token ids: the one that counts
+            for a in attempts:
+                g = a.generation
+                steps[k].calls.append({"model": "uitars", "attempt": a.number, "input": conversation_record(
+                    convs[k]) if a.number == 1 else "(same)", "output": g.text, "seconds": round(g.seconds, 3)})
                 if g.token_ids:
-                    samples[k] = Sample("policy", convs[k], list(g.token_ids), g.logprobs)
-                try:
-                    thought, _ = parse_uitars(g.text)
-                    steps[k].action = uitars_action(g.text, image_size, self.screen, self.coords)
-                    steps[k].thought, steps[k].plan, answers[k] = thought or "", g.text, g.text
-                except UITarsParseError as e:
-                    steps[k].parse_errors.append(f"uitars try {attempt + 1}: {e}")
-                    failed.append(k)
-            todo = failed
-        for step, sample in zip(steps, samples):
+                    sample = Sample("policy", convs[k], list(g.token_ids), g.logprobs)
+                if a.ok:
+                    steps[k].thought, steps[k].action = a.value
+                    steps[k].plan, answers[k] = g.text, g.text
+                else:
+                    steps[k].parse_errors.append(f"uitars try {a.number}: {a.error}")
             if sample is not None:
-                step.samples.append(sample)
+                steps[k].samples.append(sample)
         for k, (slot, obs) in enumerate(batch):
             self.history[slot].append((obs["screenshot"], answers[k] or "Thought: \nAction: wait()"))
         return steps
@@ -277,11 +254,52 @@ class RandomAgent:
 AGENTS = ("coda", "uitars", "planner-only", "oracle", "random", "done")
 
 
-def make_agent(name: str, app: str = "kalgebra", screen: tuple[int, int] = (1280, 800), planner: str | None = None,
-               executor: str | None = None, planner_model: str | None = None, executor_model: str | None = None,
-               history_images: int = 2, seed: int = 0, model_options: dict[str, Any] | None = None) -> Agent:
-    """Build an agent by name; `planner`/`executor` are local checkpoint paths or http(s):// endpoints."""
+A11Y_EXECUTOR = "a11y"          # --executor a11y: grounds the planner's step in the accessibility tree, no model
+
+
+def _load(spec, model_name: str | None, options: dict[str, Any]):
+    """A model from a spec: a local checkpoint directory or an http(s):// endpoint (options that only a local
+    model takes, device and dtype, are dropped for an endpoint); a model object is used as it is."""
     from .models import load_model
+    if not isinstance(spec, str):
+        return spec
+    if spec.startswith(("http://", "https://")):
+        options = {k: v for k, v in options.items() if k not in ("device", "dtype")}
+    return load_model(spec, model_name, **options)
+
+
+def make_executor(executor, screen: tuple[int, int] = (1280, 800), executor_model: str | None = None,
+                  model_options: dict[str, Any] | None = None, tries: int = 3,
+                  params: SamplingParams | None = None, shared=None):
+    """The coda agent's executor: `a11y` (the accessibility-tree executor, no model), UI-TARS from a spec
+    (directory or endpoint) or a model object, or an executor object as it is. `shared`: (spec, model) of the
+    planner, whose model is reused when the executor's spec is the same."""
+    if executor is None:
+        raise ValueError("--agent coda needs --executor PATH_OR_URL (a UI-TARS-1.5 checkpoint or endpoint) "
+                         f"or --executor {A11Y_EXECUTOR}")
+    if executor == A11Y_EXECUTOR:
+        from .a11y_executor import A11yExecutor
+        return A11yExecutor(screen)
+    if hasattr(executor, "execute"):
+        return executor
+    if shared is not None and isinstance(executor, str) and executor == shared[0]:
+        model = shared[1]
+    else:
+        model = _load(executor, executor_model, model_options or {})
+    kw = {"params": params} if params is not None else {}
+    return Executor(model, screen, tries=tries, **kw)
+
+
+def make_agent(name: str, app: str = "kalgebra", screen: tuple[int, int] = (1280, 800), planner=None,
+               executor=None, planner_model: str | None = None, executor_model: str | None = None,
+               history_images: int = 2, seed: int = 0, model_options: dict[str, Any] | None = None, *,
+               planner_params: SamplingParams | None = None, executor_params: SamplingParams | None = None,
+               executor_tries: int = 3) -> Agent:
+    """Build an agent by name: the one factory `coda eval` and the trainers use. `planner`/`executor` are local
+    checkpoint paths, http(s):// endpoints or model objects (a trainer passes the model it trains); the
+    coda agent's executor may also be `a11y` (no model) or an executor object. The same spec for both loads
+    the model once. `planner_params`: the planner's (or UI-TARS's) sampling; `executor_params`/
+    `executor_tries`: the executor's sampling and re-tries (UI-TARS alone uses `executor_tries` too)."""
     if name == "oracle":
         return OracleAgent()
     if name == "done":
@@ -292,16 +310,20 @@ def make_agent(name: str, app: str = "kalgebra", screen: tuple[int, int] = (1280
     if name == "uitars":
         if not executor:
             raise ValueError("--agent uitars needs --executor PATH_OR_URL (a UI-TARS-1.5 checkpoint or endpoint)")
-        return UITarsAgent(load_model(executor, executor_model, **opts), screen, history_images=max(1, history_images))
+        if executor == A11Y_EXECUTOR:
+            raise ValueError(f"--agent uitars is a model: --executor {A11Y_EXECUTOR} is for --agent coda")
+        kw = {"params": planner_params} if planner_params is not None else {}
+        return UITarsAgent(_load(executor, executor_model, opts), screen, history_images=max(1, history_images),
+                           tries=executor_tries, **kw)
+    if name not in AGENTS:
+        raise ValueError(f"unknown agent {name!r}; choose from {', '.join(AGENTS)}")
     if not planner:
         raise ValueError(f"--agent {name} needs --planner PATH_OR_URL (a Qwen2.5-VL checkpoint or endpoint)")
-    plan_model = load_model(planner, planner_model, **opts)
+    plan_model = _load(planner, planner_model, opts)
+    pkw = {"params": planner_params} if planner_params is not None else {}
     if name == "planner-only":
-        return PlannerOnlyAgent(Planner(plan_model, app, screen, history_images, system=prompts.PLANNER_ONLY_SYSTEM))
-    if name == "coda":
-        if not executor:
-            raise ValueError("--agent coda needs --executor PATH_OR_URL (a UI-TARS-1.5 checkpoint or endpoint)")
-        exec_model = plan_model if executor == planner and executor_model == planner_model else \
-            load_model(executor, executor_model, **opts)
-        return CodaAgent(Planner(plan_model, app, screen, history_images), Executor(exec_model, screen))
-    raise ValueError(f"unknown agent {name!r}; choose from {', '.join(AGENTS)}")
+        return PlannerOnlyAgent(Planner(plan_model, app, screen, history_images, system=prompts.PLANNER_ONLY_SYSTEM,
+                                        **pkw))
+    shared = (planner, plan_model) if isinstance(planner, str) and executor_model == planner_model else None
+    ex = make_executor(executor, screen, executor_model, opts, executor_tries, executor_params, shared)
+    return CodaAgent(Planner(plan_model, app, screen, history_images, **pkw), ex)

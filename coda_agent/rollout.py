@@ -5,40 +5,26 @@ mode: each env tells its next task through `CodaEnv.next_task`, the agent acts o
 batched call, and callbacks see each episode start, each step and each end as it happens (eval writes files
 from them; the trainer keeps records in memory). `collect_groups` is the trainers' use of it: G episodes of
 every task, and every model call that gave token ids kept as a `Sample` tagged with the role of the model
-that made it, a group key and the episode's reward, so that a training method picks the samples it learns
-from by role and compares them within groups by key (GRPO: the episodes of one task in one batch).
+that made it, a group key and a reward (by default the episode's, for GRPO over the episodes of one task in
+one batch; a sample that carries its own key and reward keeps them: a step-level method groups by state),
+so that a training method picks the samples it learns from by role and compares them within groups by key.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 
 from coda_env.runs import TrajectoryWriter, append_jsonl, py
 
-if TYPE_CHECKING:                       # policy.py imports Sample from here
-    from .models import Conversation
-    from .policy import Agent, AgentStep
+from .types import Agent, AgentStep, Role, Sample
 
-Role = Literal["planner", "executor", "policy"]
-
-
-@dataclass
-class Sample:
-    """One model call as a trainer needs it: the prompt, the sampled tokens and their behaviour log-probs
-    (None when the model did not return them; trainers recompute them), tagged with the role of the model
-    that made the call (CODA's `planner` and `executor`, or an end-to-end `policy` such as UI-TARS), the
-    group it is compared within and the reward of its episode (both filled by `collect_groups`)."""
-    role: Role
-    conversation: Conversation
-    token_ids: list[int]
-    logprobs: list[float] | None = None
-    group: str = ""
-    reward: float = 0.0
+__all__ = ["Role", "Rollout", "Sample", "collect_groups", "make_vector_env", "run_episodes", "step_record",
+           "task_group_key", "unbatch_info"]
 
 
 def unbatch_info(infos: dict, i: int) -> dict:
@@ -154,13 +140,20 @@ def task_group_key(task_id: str, index: int) -> str:
     return f"{task_id}#{index}"
 
 
+OnSample = Callable[["Rollout", int, AgentStep, dict], None]   # rollout, step number (1-based), step, env info
+
+
 def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_ids: Sequence[str],
                    group_size: int, seed: int | None = None, out: Path | None = None,
-                   group_key: Callable[[str, int], str] = task_group_key) -> list[Rollout]:
+                   group_key: Callable[[str, int], str] = task_group_key,
+                   tag_step: OnSample | None = None) -> list[Rollout]:
     """G = `group_size` episodes of every task in `task_ids`, batched over the envs; rollouts in queue order.
     Each episode's samples carry `group_key(task id, index of the task in task_ids)` and, once it ends, its
-    reward. With `out`, the episodes are also written as `coda eval` trajectories (out/trajectories,
-    out/episodes.jsonl), which stage-2 SFT reads."""
+    reward, unless the sample already carries its own (`Sample.group`/`Sample.reward` not None): a method that
+    groups by state and scores each step tags its samples itself, in the agent or in `tag_step`, which sees
+    every step (its rollout, step number, AgentStep with its samples, env info) before they are kept. With
+    `out`, the episodes are also written as `coda eval` trajectories (out/trajectories, out/episodes.jsonl),
+    which stage-2 SFT reads."""
     # episode numbers go on across repeats of a task, so that (task, episode) names one episode (and its folder)
     queue = [(t, task_ids[:g].count(t) * group_size + e) for g, t in enumerate(task_ids) for e in range(group_size)]
     rollouts = [Rollout(t, tasks[t].app, group_key(t, g)) for g, t in enumerate(task_ids) for _ in range(group_size)]
@@ -177,8 +170,11 @@ def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_i
 
     def on_step(slot, step, shot, reward, info, agent_s):
         r = current[slot]
+        if tag_step is not None:
+            tag_step(r, len(r.steps) + 1, step, info)
         for sample in step.samples:
-            sample.group = r.group
+            if sample.group is None:
+                sample.group = r.group
             r.samples.append(sample)
         r.steps.append({"thought": step.thought, "plan": step.plan, "action": step.action,
                         "parse_errors": step.parse_errors, "action_error": info.get("action_error")})
@@ -189,7 +185,8 @@ def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_i
         r = current.pop(slot)
         r.reward, r.success, r.info = reward, bool(info.get("success")), info
         for sample in r.samples:
-            sample.reward = reward
+            if sample.reward is None:
+                sample.reward = reward
         if slot in writers:
             append_jsonl(out / "episodes.jsonl", writers.pop(slot).finish(reward, info))
 

@@ -122,6 +122,99 @@ class Node:
             raise A11yError(f"malformed accessibility tree: {e!r}") from None
 
 
+# ------------------------------------------------------------------------------------------ the table
+# The `a11y_tree` observation of the apps that give boxes (KAlgebra, TeXstudio, GRASS): a header line naming
+# tab-separated columns, then one row per element on screen. Columns: role, name, optionally text and states,
+# and the box as `x,y,w,h` (screen pixels; the column is called "box" or "x,y,w,h").
+
+@dataclass(frozen=True)
+class Element:
+    """One row of an a11y table: an element on screen and its box (left, top, right, bottom, edges included)."""
+    role: str
+    name: str
+    box: tuple[int, int, int, int]
+    text: str = ""
+    states: frozenset[str] = frozenset()
+
+    @property
+    def center(self) -> tuple[int, int]:
+        return (self.box[0] + self.box[2]) // 2, (self.box[1] + self.box[3]) // 2
+
+    @property
+    def area(self) -> int:
+        return (self.box[2] - self.box[0] + 1) * (self.box[3] - self.box[1] + 1)
+
+    def contains(self, x: int, y: int) -> bool:
+        return self.box[0] <= x <= self.box[2] and self.box[1] <= y <= self.box[3]
+
+
+def _cell(value: str) -> str:
+    return " ".join(value.split())          # no tabs or newlines inside a cell
+
+
+def table_text(rows: Iterable[tuple[str, str, str, tuple[int, int, int, int], Iterable[str]]],
+               max_chars: int = 1_000_000) -> str:
+    """(role, name, text, (x, y, w, h), states) rows -> an a11y table with the columns role, name, text,
+    x,y,w,h and states; cut (with a last line saying so) before it passes `max_chars`."""
+    out, size = ["role\tname\ttext\tx,y,w,h\tstates"], 0
+    for role, name, text, ext, states in rows:
+        line = "\t".join([_cell(role), _cell(name), _cell(text or ""), ",".join(str(int(v)) for v in ext),
+                          ",".join(sorted(states))])
+        size += len(line) + 1
+        if size > max_chars:
+            out.append("... (truncated)")
+            break
+        out.append(line)
+    return "\n".join(out)
+
+
+def _unquote(s: str) -> str:
+    """A cell written as a Python string literal (TeXstudio's text column) without its quotes; nothing here is
+    evaluated."""
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
+        return s[1:-1].replace("\\n", " ").replace("\\t", " ").replace("\\'", "'").replace('\\"', '"')
+    return s
+
+
+def parse_table(text: str | None) -> list[Element]:
+    """The elements of an a11y table (the `a11y_tree` observation of KAlgebra, TeXstudio and GRASS), those with
+    a box of positive size; [] for text in another shape (an app whose observation has no boxes)."""
+    if not text:
+        return []
+    lines = text.splitlines()
+    header = lines[0].split("\t")
+    if "role" not in header or "name" not in header:
+        return []
+    col = {h: i for i, h in enumerate(header)}
+    where = col.get("x,y,w,h", col.get("box"))
+    if where is None:
+        return []
+    out = []
+    for line in lines[1:]:
+        cells = line.split("\t")
+        if len(cells) <= where:
+            continue
+        try:
+            x, y, w, h = (int(v) for v in cells[where].split(","))
+        except ValueError:
+            continue
+        if w <= 0 or h <= 0:
+            continue
+        get = lambda name: cells[col[name]] if name in col and col[name] < len(cells) else ""  # noqa: E731
+        states = frozenset(s for s in get("states").split(",") if s)
+        out.append(Element(get("role"), get("name"), (x, y, x + w - 1, y + h - 1), _unquote(get("text")), states))
+    return out
+
+
+def element_at(elements: Iterable[Element], x: int, y: int, max_area: int | None = None) -> Element | None:
+    """The smallest element whose box holds (x, y) (edges included), of at most `max_area` pixels."""
+    best = None
+    for e in elements:
+        if e.contains(x, y) and (max_area is None or e.area <= max_area) and (best is None or e.area < best.area):
+            best = e
+    return best
+
+
 class A11ySource(Protocol):
     """What app adapters read accessibility through (`Desktop.a11y()`): `A11yClient` on this machine's bus,
     or a reader that runs this module inside a VM guest."""

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from ..models import SamplingParams, TransformersVLM
-from ..rollout import Role, Sample
+from ..types import Role, Sample
 
 
 # ------------------------------------------------------------------------------------------ methods
@@ -287,9 +287,13 @@ def probe_env(env_id: str, max_steps: int | None = None) -> EnvInfo:
         env.close()
 
 
-def make_envs(info: EnvInfo, num_envs: int):
+def make_envs(info: EnvInfo, num_envs: int, agent=None):
+    """The vector env of `info`; with the a11y_tree observation when `agent` reads it (the a11y executor)."""
     from ..rollout import make_vector_env
-    return make_vector_env(info.env_id, num_envs, **info.kwargs)
+    kwargs = dict(info.kwargs)
+    if getattr(agent, "wants_a11y_tree", False):
+        kwargs["a11y_tree"] = True
+    return make_vector_env(info.env_id, num_envs, **kwargs)
 
 
 def rollout_params(cfg: RolloutConfig) -> SamplingParams:
@@ -299,31 +303,27 @@ def rollout_params(cfg: RolloutConfig) -> SamplingParams:
 
 
 def coda_agent(cfg: RolloutConfig, vlm: TransformersVLM, env: EnvInfo, executor=None):
-    """CODA with `vlm` as the planner and a fixed executor (`executor`, or loaded from cfg.executor)."""
-    from ..executor import Executor
-    from ..models import load_model
-    from ..planner import Planner
-    from ..policy import CodaAgent
-    if executor is None:
-        if not cfg.executor:
-            raise ValueError("--agent coda needs a fixed executor: --executor DIR|URL")
-        local = not cfg.executor.startswith(("http://", "https://"))
-        executor = load_model(cfg.executor, **({"device": cfg.device} if local else {}))
+    """CODA with `vlm` as the planner and a fixed executor (`executor`: a model or executor object, else
+    cfg.executor: a directory, an endpoint or `a11y`), built by the agents' one factory (policy.make_agent)."""
+    from ..policy import make_agent
+    executor = executor if executor is not None else cfg.executor
+    if not executor:
+        raise ValueError("--agent coda needs a fixed executor: --executor DIR|URL|a11y")
     if executor is vlm or getattr(executor, "model", None) is vlm.model:
         raise ValueError("the executor must be a separate model: the planner's weights change during training")
-    planner = Planner(vlm, env.app, screen=env.screen, history_images=cfg.history_images, params=rollout_params(cfg))
-    return CodaAgent(planner, Executor(executor, screen=env.screen, tries=cfg.executor_tries,
-                                       params=SamplingParams(max_new_tokens=cfg.executor_max_new_tokens,
-                                                             temperature=1.0)))
+    return make_agent("coda", env.app, env.screen, planner=vlm, executor=executor,
+                      history_images=cfg.history_images, model_options={"device": cfg.device},
+                      planner_params=rollout_params(cfg), executor_tries=cfg.executor_tries,
+                      executor_params=SamplingParams(max_new_tokens=cfg.executor_max_new_tokens, temperature=1.0))
 
 
 def uitars_agent(cfg: RolloutConfig, vlm: TransformersVLM, env: EnvInfo, executor=None):
     """UI-TARS end to end, `vlm` being UI-TARS: the model that acts is the one trained."""
-    from ..policy import UITarsAgent
+    from ..policy import make_agent
     if executor is not None or cfg.executor:
         raise ValueError("--agent uitars has no executor: UI-TARS acts alone (leave --executor out)")
-    return UITarsAgent(vlm, env.screen, history_images=max(1, cfg.history_images), tries=cfg.executor_tries,
-                       params=rollout_params(cfg))
+    return make_agent("uitars", env.app, env.screen, executor=vlm, history_images=cfg.history_images,
+                      planner_params=rollout_params(cfg), executor_tries=cfg.executor_tries)
 
 
 AgentFactory = Callable[[RolloutConfig, TransformersVLM, EnvInfo, Any], Any]

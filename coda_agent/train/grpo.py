@@ -170,7 +170,7 @@ def train(cfg: GRPOConfig, planner_vlm: TransformersVLM | None = None, executor_
     start = load_checkpoint(out, vlm.model, optimizer, rng) if cfg.resume else 0
 
     history: list[dict] = []
-    envs = make_envs(env, min(cfg.num_envs, cfg.group_size * cfg.tasks_per_iteration))
+    envs = make_envs(env, min(cfg.num_envs, cfg.group_size * cfg.tasks_per_iteration), agent)
     log = RunLog(out, cfg.iterations, start, progress, unit="it")
     try:
         for it in range(start, cfg.iterations):

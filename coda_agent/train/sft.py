@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from ..planner import Planner, Turn
-from ..rollout import Sample
+from ..types import Sample
 from .common import (Method, RunLog, TrainConfig, accumulate, export_planner, load_checkpoint, load_trainable, opt,
                      prepare_model, save_checkpoint, token_logprobs, trainable_parameters, write_config)
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...a11y import A11yAdapter, A11yError, Node
+from ...a11y import A11yAdapter, A11yError, Node, table_text
 from ...actions import Action
 from ...backends.base import Desktop
 from ...registry import AppError, LaunchContext
@@ -22,6 +22,11 @@ _SKIP = frozenset({"menu bar", "combo box", "popup menu", "scroll bar", "web doc
 # reads it (the a11y_tree observation keeps it). That matters in a VM, where a read runs in the guest.
 _STATE_SKIP = _SKIP | {"list"}
 _DETAILS = frozenset({"page tab"})
+# what the a11y_tree observation lists (with states and boxes), and the inputs it lists even when unnamed
+_INPUTS = frozenset({"text", "entry", "spin box"})
+_LISTED = _INPUTS | frozenset({"page tab", "push button", "toggle button", "check box", "radio button",
+                               "tree item", "list item", "cell", "table cell", "column header", "menu item",
+                               "label", "frame", "status bar", "page tab list"})
 STATE_PATIENCE = 30.0  # seconds a running but busy KAlgebra may take to answer a state read  # the tabs' states say which is current; their extents are pressed
 
 
@@ -80,14 +85,27 @@ class KAlgebra(A11yAdapter):
 
     # ------------------------------------------------------------------ state
     def a11y_text(self, desktop: Desktop) -> str:
-        return self.tree(desktop).to_text()
+        """The elements on screen as an a11y table (coda_env.a11y.table_text: role, name, text, box, states):
+        showing, of positive size, named or holding text or an input; in tree order. Lists (the Dictionary's
+        285 operators) are skipped, as state reads skip them."""
+        tree = self.tree(desktop, _STATE_SKIP, details=_LISTED)
+        rows = []
+        for n in tree.walk():
+            if n.role not in _LISTED or not n.extents or n.extents[2] <= 0 or n.extents[3] <= 0:
+                continue
+            if "showing" not in (n.states or ()) or not (n.name or n.text or n.role in _INPUTS):
+                continue
+            rows.append((n.role, n.name, n.text or "", n.extents, n.states or ()))
+        return table_text(rows)
 
-    def tree(self, desktop: Desktop, skip_roles: frozenset[str] = _SKIP) -> Node:
-        """The app's accessibility tree (the `a11y_tree` observation; state reads skip more)."""
+    def tree(self, desktop: Desktop, skip_roles: frozenset[str] = _SKIP, details: frozenset[str] = _DETAILS) -> Node:
+        """The app's accessibility tree (state reads skip more); the nodes of the `details` roles come with
+        their states and boxes."""
         if self._proc is not None and self._proc.poll() is not None:
             raise AppError(f"kalgebra is not running (exit code {self._proc.returncode})")
         try:
-            tree = self._tree(desktop, texts=True, skip=skip_roles)
+            tree = self._client(desktop).app_tree(self.name, skip_roles=skip_roles, texts=True,
+                                                  details_roles=details)
         except A11yError as e:
             raise AppError(f"cannot read KAlgebra's state: {e}") from None
         if tree is None:
