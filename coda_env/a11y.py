@@ -225,9 +225,10 @@ class A11ySource(Protocol):
         `skip_roles`; `texts` also reads text widgets' contents, and the nodes of `details_roles` get their
         states and extents stored (which `states`/`extents` of a remote reader can only answer from)."""
     def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
-                     unlisted: frozenset[str] = frozenset()) -> list[tuple] | None:
-        """(depth, role, name, text, (x, y, w, h)) of what application `name` shows on screen (None when it
-        is not on the bus): subtrees that are not showing are never read; at most `max_nodes`."""
+                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
+                     text_limit: int = 2000) -> list[tuple] | None:
+        """(depth, role, name, text, (x, y, w, h), states) of what application `name` shows on screen, in tree
+        order (None when it is not on the bus): subtrees that are not showing are never read."""
     def states(self, node: Node) -> set[str]: ...
     def extents(self, node: Node) -> tuple[int, int, int, int] | None: ...
     def close(self) -> None: ...
@@ -318,57 +319,61 @@ class A11yClient:
         return app
 
     def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
-                     unlisted: frozenset[str] = frozenset()) -> list[tuple] | None:
-        """(depth, role, name, text, extents) of the showing and visible nodes of application `name` (None
-        when it is not on the bus), breadth-first, each level's requests pipelined; subtrees whose root is
-        not showing are never read; at most `max_nodes`. Unnamed nodes of the `unlisted` roles (containers)
-        are walked through, not listed; `text_roles` nodes come with their text."""
+                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
+                     text_limit: int = 2000) -> list[tuple] | None:
+        """(depth, role, name, text, extents, states) of the showing and visible nodes of application `name`
+        (None when it is not on the bus), in tree order. Read breadth-first, each level's requests
+        pipelined; subtrees whose root is not showing, or is of a `skip_roles` role, are never read; at most
+        `max_nodes`. Unnamed nodes of the `unlisted` roles (containers) are walked through, not listed;
+        `text_roles` nodes come with their text (up to `text_limit` characters)."""
         app = self.application(name)
         if app is None:
             return None
         many = self._many
         rows: list[tuple] = []
-        level = [(app, -1)]
+        level: list[tuple[Node, int, tuple]] = [(app, -1, ())]
         count = 0
         while level and count < max_nodes:
-            res = many([(n.bus, n.path, ACC, "GetChildren", None, ()) for n, _ in level])
-            kids: list[tuple[Node, int]] = []
-            for (n, depth), body in zip(level, res):
-                for b, p in (body[0] if body else []):
-                    kids.append((Node(b, p), depth + 1))
+            res = many([(n.bus, n.path, ACC, "GetChildren", None, ()) for n, _, _ in level])
+            kids: list[tuple[Node, int, tuple]] = []
+            for (n, depth, where), body in zip(level, res):
+                for i, (b, p) in enumerate(body[0] if body else []):
+                    kids.append((Node(b, p), depth + 1, where + (i,)))
             if not kids:
                 break
             kids = kids[: 4 * max_nodes]
             calls = []
-            for n, _ in kids:
+            for n, _, _ in kids:
                 calls += [(n.bus, n.path, ACC, "GetRoleName", None, ()),
                           (n.bus, n.path, PROPS, "Get", "ss", (ACC, "Name")),
                           (n.bus, n.path, ACC, "GetState", None, ())]
             res = many(calls)
-            shown: list[tuple[Node, int]] = []
-            for i, (n, depth) in enumerate(kids):
+            shown: list[tuple[Node, int, tuple]] = []
+            for i, (n, depth, where) in enumerate(kids):
                 role, nm, st = res[3 * i], res[3 * i + 1], res[3 * i + 2]
                 n.role = role[0] if role else ""
                 n.name = nm[0][1] if nm else ""
-                bits = st[0][0] if st else 0
-                if bits >> _STATES["showing"] & 1 and bits >> _STATES["visible"] & 1 and n.role != "scroll bar":
-                    shown.append((n, depth))
+                n.states = frozenset(_state_names(st[0])) if st else frozenset()
+                if "showing" in n.states and "visible" in n.states and n.role != "scroll bar" \
+                        and n.role not in skip_roles:
+                    shown.append((n, depth, where))
             shown = shown[: max_nodes - count]
             count += len(shown)
-            listed = [(n, d) for n, d in shown if n.name or n.role not in unlisted]
-            calls = [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,)) for n, _ in listed]
-            calls += [(n.bus, n.path, "org.a11y.atspi.Text", "GetText", "ii", (0, 2000))
-                      for n, _ in listed if n.role in text_roles]
+            listed = [(n, d, w) for n, d, w in shown if n.name or n.role not in unlisted]
+            calls = [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,)) for n, _, _ in listed]
+            calls += [(n.bus, n.path, "org.a11y.atspi.Text", "GetText", "ii", (0, text_limit))
+                      for n, _, _ in listed if n.role in text_roles]
             res = many(calls) if calls else []
             ext = res[: len(listed)]
             texts = iter(res[len(listed):])
-            for (n, d), e in zip(listed, ext):
+            for (n, d, w), e in zip(listed, ext):
                 text = next(texts) if n.role in text_roles else None
                 if not e or e[0][2] <= 0 or e[0][3] <= 0:  # no box on screen (a stale or collapsed widget)
                     continue
-                rows.append((d, n.role, n.name, text[0] if text else None, tuple(e[0])))
+                rows.append((w, (d, n.role, n.name, text[0] if text else None, tuple(e[0]), sorted(n.states))))
             level = shown
-        return rows
+        rows.sort(key=lambda r: r[0])                    # tree order (depth first), as a person reads it
+        return [r for _, r in rows]
 
     def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
                  details_roles: frozenset[str] = frozenset()) -> Node | None:
@@ -448,7 +453,8 @@ def _state_names(words: Any) -> set[str]:
 
 def main(argv: list[str]) -> int:
     """`a11y.py apps ADDRESS`: the applications on the bus, one name a line (this also activates AT-SPI's
-    registry). `a11y.py showing ADDRESS APP [--max N] [--text ROLE]... [--unlisted ROLE]...`: what APP shows
+    registry). `a11y.py showing ADDRESS APP [--max N] [--text ROLE]... [--unlisted ROLE]... [--skip ROLE]...
+    [--text-limit N]`: what APP shows
     on screen, as JSON rows (`showing_rows`). `a11y.py tree ADDRESS APP [--texts] [--skip ROLE]... [--details ROLE]...`: APP's tree as JSON
     (`null` when APP is not on the bus), with the states and extents of the --details roles' nodes. ADDRESS
     is the D-Bus session bus address; `-`: $DBUS_SESSION_BUS_ADDRESS."""
@@ -469,7 +475,9 @@ def main(argv: list[str]) -> int:
                 return frozenset(rest[i + 1] for i, a in enumerate(rest[:-1]) if a == flag)
             if argv[0] == "showing":
                 most = next((int(rest[i + 1]) for i, a in enumerate(rest[:-1]) if a == "--max"), 400)
-                rows = client.showing_rows(argv[2], most, roles("--text"), roles("--unlisted"))
+                limit = next((int(rest[i + 1]) for i, a in enumerate(rest[:-1]) if a == "--text-limit"), 2000)
+                rows = client.showing_rows(argv[2], most, roles("--text"), roles("--unlisted"), roles("--skip"),
+                                           limit)
                 json.dump(rows, sys.stdout, separators=(",", ":"))
                 return 0
             root = client.app_tree(argv[2], skip_roles=roles("--skip"), texts="--texts" in rest,

@@ -27,6 +27,7 @@ _INPUTS = frozenset({"text", "entry", "spin box"})
 _LISTED = _INPUTS | frozenset({"page tab", "push button", "toggle button", "check box", "radio button",
                                "tree item", "list item", "cell", "table cell", "column header", "menu item",
                                "label", "frame", "status bar", "page tab list"})
+A11Y_MAX_NODES = 600       # nodes the a11y_tree observation reads at most
 STATE_PATIENCE = 30.0  # seconds a running but busy KAlgebra may take to answer a state read  # the tabs' states say which is current; their extents are pressed
 
 
@@ -88,14 +89,17 @@ class KAlgebra(A11yAdapter):
         """The elements on screen as an a11y table (coda_env.a11y.table_text: role, name, text, box, states):
         showing, of positive size, named or holding text or an input; in tree order. Lists (the Dictionary's
         285 operators) are skipped, as state reads skip them."""
-        tree = self.tree(desktop, _STATE_SKIP, details=_LISTED)
-        rows = []
-        for n in tree.walk():
-            if n.role not in _LISTED or not n.extents or n.extents[2] <= 0 or n.extents[3] <= 0:
-                continue
-            if "showing" not in (n.states or ()) or not (n.name or n.text or n.role in _INPUTS):
-                continue
-            rows.append((n.role, n.name, n.text or "", n.extents, n.states or ()))
+        if self._proc is not None and self._proc.poll() is not None:
+            raise AppError(f"kalgebra is not running (exit code {self._proc.returncode})")
+        try:  # only what shows is read (closed tabs and menus never are): a few requests a level
+            found = self._client(desktop).showing_rows(self.name, A11Y_MAX_NODES, text_roles=_LISTED,
+                                                       skip_roles=_STATE_SKIP, text_limit=-1)
+        except A11yError as e:
+            raise AppError(f"cannot read KAlgebra's state: {e}") from None
+        if found is None:
+            raise AppError("kalgebra is not on the accessibility bus (did it crash?)")
+        rows = [(role, name, text or "", ext, states) for _, role, name, text, ext, states in found
+                if role in _LISTED and (name or text or role in _INPUTS)]
         return table_text(rows)
 
     def tree(self, desktop: Desktop, skip_roles: frozenset[str] = _SKIP, details: frozenset[str] = _DETAILS) -> Node:

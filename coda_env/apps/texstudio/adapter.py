@@ -314,7 +314,7 @@ class TeXstudio(A11yAdapter):
             raise AppError("texstudio is not on the accessibility bus (did it crash?)")
         rows.sort(key=lambda r: (r[4][1], r[4][0]) if r[4] else (1 << 30, 0))  # reading order on screen
         out, size = ["role\tname\ttext\tx,y,w,h"], 0
-        for depth, role, name, text, ext in rows:
+        for depth, role, name, text, ext, _states in rows:
             line = f"{role}\t{name[:80]}\t{(text or '')[:200]!r}\t" + ",".join(map(str, ext or ()))
             size += len(line) + 1
             if size > A11Y_MAX_CHARS:

@@ -168,18 +168,19 @@ class GuestA11y:
             raise A11yError(f"the guest's a11y reader printed no JSON {what} ({e})") from None
 
     def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
-                     unlisted: frozenset[str] = frozenset()) -> list[tuple] | None:
+                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
+                     text_limit: int = 2000) -> list[tuple] | None:
         """The guest's reader's `showing` command (a11y.py, sent with the call)."""
-        args = ["showing", self.address, name, "--max", str(int(max_nodes))]
-        for role in sorted(text_roles):
-            args += ["--text", role]
-        for role in sorted(unlisted):
-            args += ["--unlisted", role]
+        args = ["showing", self.address, name, "--max", str(int(max_nodes)), "--text-limit", str(int(text_limit))]
+        for flag, roles in (("--text", text_roles), ("--unlisted", unlisted), ("--skip", skip_roles)):
+            for role in sorted(roles):
+                args += [flag, role]
         data = self._read(args, name)
         if data is None:
             return None
-        return [(int(d), str(r), str(n), t if isinstance(t, str) else None, tuple(int(v) for v in e) if e else None)
-                for d, r, n, t, e in data]
+        return [(int(d), str(r), str(n), t if isinstance(t, str) else None,
+                 tuple(int(v) for v in e) if e else None, [str(x) for x in st])
+                for d, r, n, t, e, st in data]
 
     def states(self, node: Node) -> set[str]:
         if node.states is None:
