@@ -342,11 +342,15 @@ def test_a11y_text_is_the_same_through_a_vm_guests_reader():
     env = CodaEnv(app="texstudio")
     try:
         env.reset(options={"task": "build_pdf"})
-        local = env.unwrapped.app.a11y_text(env.unwrapped.desktop)
-        guest = type(env.unwrapped.app)()
-        guest._proc, guest.a11y_name = env.unwrapped.app._proc, env.unwrapped.app.a11y_name
-        remote = guest.a11y_text(_GuestView(env.unwrapped.desktop))
+        app, desk = env.unwrapped.app, env.unwrapped.desktop
+        reads = [app.a11y_text(desk)]
+        while len(reads) < 10 and (len(reads) < 2 or reads[-1] != reads[-2]):  # the GUI has settled
+            reads.append(app.a11y_text(desk))
+        local = reads[-1]
+        guest = type(app)()
+        guest._proc, guest.a11y_name = app._proc, app.a11y_name
+        remote = guest.a11y_text(_GuestView(desk))
         assert len(local.splitlines()) > 10 and "main.tex" in local
-        assert remote == local
+        assert remote in (local, app.a11y_text(desk))
     finally:
         env.close()
