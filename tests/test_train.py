@@ -282,7 +282,7 @@ def test_train_help_lists_methods_and_every_flag_with_its_default(capsys):
         main(["train", "--help"])
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert set(METHODS) == {"grpo", "sft"}
+    assert set(METHODS) == {"coda", "grpo", "sft"}
     for m in METHODS.values():
         assert m.name in text and " ".join(m.help.split()) in text
     for m in METHODS.values():
@@ -292,7 +292,7 @@ def test_train_help_lists_methods_and_every_flag_with_its_default(capsys):
         for f in dataclasses.fields(m.config):
             assert f"--{f.name.replace('_', '-')}" in text
             assert f.metadata.get("help"), f"{m.name}.{f.name} has no help text"
-        assert "(default: 8)" in text if m.name == "grpo" else "(default: check)" in text
+        assert "(default: check)" in text if m.name == "sft" else "(default: 8)" in text
         assert "--config FILE.json" in text
 
 

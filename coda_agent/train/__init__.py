@@ -15,11 +15,12 @@ import types
 import typing
 from pathlib import Path
 
-from . import grpo, sft
+from . import coda, grpo, sft
 from .common import Method
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    grpo.METHOD,            # stage 1: decoupled GRPO on the planner
+    coda.METHOD,            # stage 1 as published: step-level decoupled GRPO over state datasets (TRL)
+    grpo.METHOD,            # stage 1, episodic: decoupled GRPO on the planner over whole episodes
     sft.METHOD,             # stage 2: generalist SFT on successful trajectories
 )}
 
