@@ -37,7 +37,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def _envs() -> int:
-    from coda_env.backends.sandbox import probe
+    from coda_env.backends.local.sandbox import probe
     from coda_env.registry import APPS, BROKEN_APPS
     why = probe()
     print("sandbox (local backend): " + ("apps run sealed (bubblewrap)" if why is None else f"unavailable: {why}"))
@@ -75,10 +75,20 @@ def _import_scienceboard(argv: list[str]) -> int:
                 "or a flat folder) into coda task files OUT/<app>/<id>.json plus OUT/import-report.json.")
     p.add_argument("src", help="ScienceBoard's tasks folder (or a checkout, or a folder of task files)")
     p.add_argument("out", help="folder for the converted tasks (use it with --tasks-dir or CODA_TASKS_PATH)")
-    p.add_argument("--grassdata", default=None, help="a GRASS database holding ScienceBoard's two locations")
+    from coda_env.scienceboard import import_folder, import_options
+    known = import_options()
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an import option an app's translation takes (repeatable): "
+                        + ("; ".join(f"{k}: {v}" for k, v in sorted(known.items())) or "none here"))
     args = p.parse_args(argv)
-    from coda_env.scienceboard import import_folder
-    report = import_folder(Path(args.src), Path(args.out), grassdata=args.grassdata)
+    options = {}
+    for item in args.option:
+        name, sep, value = item.partition("=")
+        if not sep or name not in known:
+            raise CommandError(f"--option {item!r}: want NAME=VALUE with NAME one of "
+                               f"{', '.join(sorted(known)) or '(none)'}")
+        options[name] = value
+    report = import_folder(Path(args.src), Path(args.out), **options)
     done = sum(1 for r in report["files"] if r["status"] == "converted")
     print(f"converted {done} of {len(report['files'])} files into {args.out} "
           f"(report: {Path(args.out) / 'import-report.json'})")

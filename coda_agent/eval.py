@@ -19,7 +19,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from coda_env.runs import TrajectoryWriter, append_jsonl, check_config, inside, load_finished, read_jsonl
+from coda_env.backends import BACKENDS
+from coda_env.runs import TrajectoryWriter, append_jsonl, check_config, load_finished, read_jsonl
 
 from .policy import Agent
 from .rollout import make_vector_env, run_episodes, step_record, unbatch_info  # noqa: F401
@@ -256,7 +257,7 @@ def add_arguments(p) -> None:
     p.add_argument("--judge", action="append", default=None, metavar="PATH_OR_URL",
                    help="score episodes with a VLM judge instead of the checks (repeat for an ensemble)")
     p.add_argument("--judge-threshold", type=float, default=0.5, help="judge success = score >= this")
-    p.add_argument("--backend", default="local", choices=("local", "libvirt"), help="where the desktops run")
+    p.add_argument("--backend", default="local", choices=tuple(BACKENDS), help="where the desktops run")
     p.add_argument("--seed", type=int, default=0, help="seed of the agent's sampling and the envs")
     p.add_argument("--out", default=None, help="run folder (default: runs/AGENT-DATE); rerun to resume")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

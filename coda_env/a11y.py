@@ -224,9 +224,35 @@ class A11ySource(Protocol):
         """The named application's tree (None when it is not on the bus), without the subtrees of
         `skip_roles`; `texts` also reads text widgets' contents, and the nodes of `details_roles` get their
         states and extents stored (which `states`/`extents` of a remote reader can only answer from)."""
+    def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
+                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
+                     text_limit: int = 2000) -> list[tuple] | None:
+        """(depth, role, name, text, (x, y, w, h), states) of what application `name` shows on screen, in tree
+        order (None when it is not on the bus): subtrees that are not showing are never read."""
     def states(self, node: Node) -> set[str]: ...
     def extents(self, node: Node) -> tuple[int, int, int, int] | None: ...
     def close(self) -> None: ...
+
+
+class A11yAdapter:
+    """What app adapters that read their app through AT-SPI share: one connection to the desktop's
+    accessibility (any A11ySource: this machine's bus, or a VM guest's reader) per episode, opened when
+    first needed and closed with the episode (`close()`, which the env calls at every reset)."""
+
+    _a11y: "A11ySource | None" = None
+
+    def _client(self, desktop: Any) -> "A11ySource":
+        if self._a11y is None:
+            self._a11y = desktop.a11y()
+        return self._a11y
+
+    def close(self) -> None:
+        if self._a11y is not None:
+            try:
+                self._a11y.close()
+            except Exception:  # noqa: BLE001 - the bus may be gone with the desktop
+                pass
+        self._a11y = None
 
 
 class A11yClient:
@@ -291,6 +317,63 @@ class A11yClient:
         if app is not None:
             self._pinned[name] = app.bus
         return app
+
+    def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
+                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
+                     text_limit: int = 2000) -> list[tuple] | None:
+        """(depth, role, name, text, extents, states) of the showing and visible nodes of application `name`
+        (None when it is not on the bus), in tree order. Read breadth-first, each level's requests
+        pipelined; subtrees whose root is not showing, or is of a `skip_roles` role, are never read; at most
+        `max_nodes`. Unnamed nodes of the `unlisted` roles (containers) are walked through, not listed;
+        `text_roles` nodes come with their text (up to `text_limit` characters)."""
+        app = self.application(name)
+        if app is None:
+            return None
+        many = self._many
+        rows: list[tuple] = []
+        level: list[tuple[Node, int, tuple]] = [(app, -1, ())]
+        count = 0
+        while level and count < max_nodes:
+            res = many([(n.bus, n.path, ACC, "GetChildren", None, ()) for n, _, _ in level])
+            kids: list[tuple[Node, int, tuple]] = []
+            for (n, depth, where), body in zip(level, res):
+                for i, (b, p) in enumerate(body[0] if body else []):
+                    kids.append((Node(b, p), depth + 1, where + (i,)))
+            if not kids:
+                break
+            kids = kids[: 4 * max_nodes]
+            calls = []
+            for n, _, _ in kids:
+                calls += [(n.bus, n.path, ACC, "GetRoleName", None, ()),
+                          (n.bus, n.path, PROPS, "Get", "ss", (ACC, "Name")),
+                          (n.bus, n.path, ACC, "GetState", None, ())]
+            res = many(calls)
+            shown: list[tuple[Node, int, tuple]] = []
+            for i, (n, depth, where) in enumerate(kids):
+                role, nm, st = res[3 * i], res[3 * i + 1], res[3 * i + 2]
+                n.role = role[0] if role else ""
+                n.name = nm[0][1] if nm else ""
+                n.states = frozenset(_state_names(st[0])) if st else frozenset()
+                if "showing" in n.states and "visible" in n.states and n.role != "scroll bar" \
+                        and n.role not in skip_roles:
+                    shown.append((n, depth, where))
+            shown = shown[: max_nodes - count]
+            count += len(shown)
+            listed = [(n, d, w) for n, d, w in shown if n.name or n.role not in unlisted]
+            calls = [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,)) for n, _, _ in listed]
+            calls += [(n.bus, n.path, "org.a11y.atspi.Text", "GetText", "ii", (0, text_limit))
+                      for n, _, _ in listed if n.role in text_roles]
+            res = many(calls) if calls else []
+            ext = res[: len(listed)]
+            texts = iter(res[len(listed):])
+            for (n, d, w), e in zip(listed, ext):
+                text = next(texts) if n.role in text_roles else None
+                if not e or e[0][2] <= 0 or e[0][3] <= 0:  # no box on screen (a stale or collapsed widget)
+                    continue
+                rows.append((w, (d, n.role, n.name, text[0] if text else None, tuple(e[0]), sorted(n.states))))
+            level = shown
+        rows.sort(key=lambda r: r[0])                    # tree order (depth first), as a person reads it
+        return [r for _, r in rows]
 
     def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
                  details_roles: frozenset[str] = frozenset()) -> Node | None:
@@ -370,10 +453,12 @@ def _state_names(words: Any) -> set[str]:
 
 def main(argv: list[str]) -> int:
     """`a11y.py apps ADDRESS`: the applications on the bus, one name a line (this also activates AT-SPI's
-    registry). `a11y.py tree ADDRESS APP [--texts] [--skip ROLE]... [--details ROLE]...`: APP's tree as JSON
+    registry). `a11y.py showing ADDRESS APP [--max N] [--text ROLE]... [--unlisted ROLE]... [--skip ROLE]...
+    [--text-limit N]`: what APP shows
+    on screen, as JSON rows (`showing_rows`). `a11y.py tree ADDRESS APP [--texts] [--skip ROLE]... [--details ROLE]...`: APP's tree as JSON
     (`null` when APP is not on the bus), with the states and extents of the --details roles' nodes. ADDRESS
     is the D-Bus session bus address; `-`: $DBUS_SESSION_BUS_ADDRESS."""
-    if len(argv) < 2 or argv[0] not in ("apps", "tree") or (argv[0] == "tree" and len(argv) < 3):
+    if len(argv) < 2 or argv[0] not in ("apps", "tree", "showing") or (argv[0] != "apps" and len(argv) < 3):
         print(main.__doc__, file=sys.stderr)
         return 2
     # "-": the caller's own bus, as a toolkit finds it (AT_SPI_BUS_ADDRESS first, as atk-bridge and Qt do)
@@ -388,6 +473,13 @@ def main(argv: list[str]) -> int:
             rest = argv[3:]
             def roles(flag: str) -> frozenset[str]:
                 return frozenset(rest[i + 1] for i, a in enumerate(rest[:-1]) if a == flag)
+            if argv[0] == "showing":
+                most = next((int(rest[i + 1]) for i, a in enumerate(rest[:-1]) if a == "--max"), 400)
+                limit = next((int(rest[i + 1]) for i, a in enumerate(rest[:-1]) if a == "--text-limit"), 2000)
+                rows = client.showing_rows(argv[2], most, roles("--text"), roles("--unlisted"), roles("--skip"),
+                                           limit)
+                json.dump(rows, sys.stdout, separators=(",", ":"))
+                return 0
             root = client.app_tree(argv[2], skip_roles=roles("--skip"), texts="--texts" in rest,
                                    details_roles=roles("--details"))
         finally:

@@ -3,7 +3,8 @@
 One process per env, as AsyncVectorEnv has, but the processes are Ray actors, so they can sit on any node
 of a Ray cluster: each declares what it needs (`num_cpus`, `memory`) and Ray places it (spread over nodes by
 default, or pinned to nodes, or into a placement group through `actor_options`). With the libvirt backend,
-`libvirt_uris` spreads the actors' VMs over several libvirt hosts (actor i uses uris[i % len(uris)]).
+`hosts` spreads the actors' envs over other hosts through their backend's host option (a VM backend's
+libvirt URIs: actor i uses hosts[i % len(hosts)]).
 
 The facade behaves like gymnasium's vector envs in NEXT_STEP autoreset mode (the step after an episode ends
 resets that env and returns its first observation, reward 0), and `get_attr`/`set_attr`/`call` reach the
@@ -25,6 +26,8 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
+
+from .backends import BACKENDS
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
@@ -79,14 +82,14 @@ class RayVectorEnv(VectorEnv):
     num_cpus, memory: what each actor reserves (memory in bytes; None reserves none). placement: "spread"
     (Ray's SPREAD strategy: actors over as many nodes as possible), "pack" (Ray's default), or a list of Ray
     node ids (actor i pinned to node_ids[i % len]). actor_options: any other `ActorClass.options(...)`
-    (a placement-group scheduling strategy, runtime_env, ...). libvirt_uris: libvirt host URIs, actor i gets
-    backend="libvirt" with backend_options["uri"] = uris[i % len(uris)]. timeout: seconds a reset or step
+    (a placement-group scheduling strategy, runtime_env, ...). hosts: actor i's env runs on hosts[i % n]
+    through its backend's host option (the backends table's host_option). timeout: seconds a reset or step
     may take before the actor is declared hung and replaced (VMs under software emulation need more).
     """
 
     def __init__(self, env_id: str, num_envs: int, *, wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
                  num_cpus: float = 1.0, memory: int | None = 1 << 30, placement: str | Sequence[str] = "spread",
-                 actor_options: dict | None = None, libvirt_uris: Sequence[str] | None = None,
+                 actor_options: dict | None = None, hosts: Sequence[str] | None = None,
                  timeout: float = 120.0, start_timeout: float = 300.0, **env_kwargs):
         try:
             import ray
@@ -100,7 +103,7 @@ class RayVectorEnv(VectorEnv):
         self.num_envs, self.env_id = int(num_envs), env_id
         self.timeout, self.start_timeout = float(timeout), float(start_timeout)
         self._wrappers = tuple(wrappers)
-        self._env_kwargs = [self._kwargs_for(i, env_kwargs, libvirt_uris) for i in range(self.num_envs)]
+        self._env_kwargs = [self._kwargs_for(i, env_kwargs, hosts) for i in range(self.num_envs)]
         self._options = [self._actor_options(i, num_cpus, memory, placement, actor_options)
                          for i in range(self.num_envs)]
         self._remote_cls = ray.remote(EnvActor)
@@ -128,13 +131,19 @@ class RayVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------ actors
     @staticmethod
-    def _kwargs_for(i: int, env_kwargs: dict, uris: Sequence[str] | None) -> dict:
+    def _kwargs_for(i: int, env_kwargs: dict, hosts: Sequence[str] | None) -> dict:
+        """Env i's keyword arguments: with `hosts`, the host it gets (round robin) through its backend's host
+        option (the backends table's `host_option`; the backend defaults to the first that has one)."""
         kw = dict(env_kwargs)
-        if uris:
-            if kw.get("backend", "libvirt") != "libvirt":
-                raise ValueError(f"libvirt_uris needs backend='libvirt', got backend={kw['backend']!r}")
-            kw["backend"] = "libvirt"
-            kw["backend_options"] = {**(kw.get("backend_options") or {}), "uri": uris[i % len(uris)]}
+        if hosts:
+            spread = [b for b in BACKENDS.values() if b.host_option]
+            backend = BACKENDS.get(kw.get("backend") or spread[0].name)
+            if backend is None or not backend.host_option:
+                raise ValueError("hosts need a backend that runs on other hosts ("
+                                 + ", ".join(f"backend={b.name!r}" for b in spread)
+                                 + f"), got backend={kw.get('backend')!r}")
+            kw["backend"] = backend.name
+            kw["backend_options"] = {**(kw.get("backend_options") or {}), backend.host_option: hosts[i % len(hosts)]}
         return kw
 
     @staticmethod

@@ -1,25 +1,39 @@
 """CodaEnv: one real desktop application as a Gymnasium environment.
 
-Observation: {"screenshot": (H, W, 3) uint8, "instruction": text[, "a11y_tree": text]}.
-Action: a pyautogui code string (or `DONE`/`FAIL`/`WAIT`/`ANS <text>`), parsed and whitelisted by
-`coda_env.actions`; or, with action_mode="structured", the array form of `actions.structured_space`.
-Reward: 0 until the episode ends; then the task's checks give 1.0 or 0.0, or any scorer (`coda_env.scoring`,
-e.g. the VLM judge of the agent package, `Judge`) given as `reward=` scores the episode. The checks always run:
-info["success"]/["checks"] are theirs, info["judge"] the scorer's details. A scorer that fails gives reward
-0.0 and info["error"] naming it.
+Gymnasium's face over a `Session` (session.py: the desktop and the apps, reset after reset), the task
+files (tasks.py), the checks (checks.py) and a scorer (scoring.py). The env knows no app: the app's package
+registered its adapter, check types and setup operations (`coda_env.registry`).
 
-The env knows no app: the app's package registered its adapter, check types and setup operations
-(`coda_env.registry`), and the env calls them. After every action it waits until the screen has settled
-(no change for `settle_quiet` seconds, at most `settle_timeout`) instead of sleeping a fixed time.
-Per-phase timings of the last reset/step are in `env.unwrapped.timings`; `info_timings=True` also puts
-them in `info` (off by default: gymnasium's check_env wants identical infos for identical steps).
+## Observation space
+`Dict(screenshot=Box(0, 255, (H, W, 3), uint8), instruction=Text[, a11y_tree=Text])`, 1280x800 by default.
+
+## Action space
+`Text`: a pyautogui code string (or `DONE`/`FAIL`/`WAIT`/`ANS <text>`), parsed and whitelisted by
+`coda_env.actions`, never executed; with action_mode="structured", the `Dict` of `actions.structured_space`.
+
+## Reward
+0 until the episode ends; then the task's checks give 1.0 or 0.0, or any scorer (`coda_env.scoring`, e.g.
+the agent package's VLM judge) given as `reward=` scores the episode. The checks always run: info["success"]
+and info["checks"] are theirs, info["judge"] the scorer's details. A scorer that fails gives reward 0.0
+and info["error"] naming it.
+
+## Episode end
+Terminated by DONE, FAIL or ANS; truncated after the task's `steps` (or `max_steps`), or when the app or
+the desktop dies (info["error"] says which; the next reset recovers).
+
+## Arguments
+`app`, `backend` ("local" | "libvirt" | ..., coda_env.backends.BACKENDS), `desktop` (one built by the caller:
+tests, custom backends), `task`/`tasks`/`task_dirs`, `screen`, `reward`, `action_mode`, `render_mode`,
+`max_steps`, `a11y_tree`, `settle_timeout`/`settle_quiet` (after every action the env waits until the screen
+is unchanged for settle_quiet seconds, at most settle_timeout: no fixed sleep), `ready_timeout`,
+`info_timings` (per-phase timings in info; always in `env.unwrapped.timings`), `backend_options`, `sandbox`.
+
+## Version history
+- v0: the first version.
 """
 from __future__ import annotations
 
-import errno
-import shutil
 import string
-import tempfile
 import time
 from typing import Any, Sequence
 
@@ -28,12 +42,12 @@ import numpy as np
 from gymnasium import spaces
 
 from .actions import TERMINAL_KINDS, Action, ActionError, from_structured, parse_action, structured_space
-from .backends import make_desktop
-from .backends.base import DesktopError
+from .backends import DEFAULT_BACKEND, get_backend, make_desktop
+from .backends.base import Desktop, DesktopError
 from .checks import run_checks
-from .registry import (SETUP_OPS, App, AppError, CheckContext, LaunchContext, SetupContext, SetupError,
-                       get_app_spec)
-from .scoring import Episode, Scorer, ScoringError, fit_within
+from .registry import App, AppError, CheckContext, get_app_spec
+from .scoring import Episode, FrameKeeper, Scorer, ScoringError
+from .session import Session
 from .tasks import Task, TaskError, load_tasks
 
 CHARSET = string.printable + "".join(chr(c) for c in range(0xA0, 0x3000))
@@ -47,31 +61,23 @@ class Text(spaces.Text):
         return f"Text({self.min_length}, {self.max_length}, charset=<{len(self.character_set)} characters>)"
 
 
-def _temp_folder(prefix: str, parent: str | None = None) -> str:
-    try:
-        return tempfile.mkdtemp(prefix=prefix, dir=parent)
-    except OSError as e:
-        where = parent or tempfile.gettempdir()
-        hint = ("the disk is full: free space or " if e.errno == errno.ENOSPC else "")
-        raise OSError(e.errno, f"cannot create a folder for the app in {where} ({e.strerror}): {hint}set TMPDIR "
-                               f"to a writable folder with free space") from None
+ObsType = dict[str, Any]
+ActType = Any   # a str (action_mode="text") or a dict of arrays (action_mode="structured")
 
 
-class CodaEnv(gym.Env):
-    """A real app on a private desktop; tasks from the app package, CODA_TASKS_PATH and `task_dirs`."""
+class CodaEnv(gym.Env[ObsType, ActType]):
+    """A real app on a private desktop; tasks from the app package, CODA_TASKS_PATH and `task_dirs`
+    (the module docstring is the env's card: spaces, reward, episode end, arguments)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, app: str, backend: str = "local", task: str | None = None,
+    def __init__(self, app: str, backend: str = DEFAULT_BACKEND, task: str | None = None,
                  tasks: Sequence[str] | None = None, task_dirs: Sequence[str] | None = None,
                  screen: tuple[int, int] = (1280, 800), reward: str | Scorer = "check",
                  action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
                  a11y_tree: bool = False, settle_timeout: float = 2.0, settle_quiet: float = 0.05,
                  ready_timeout: float | None = None, info_timings: bool = False,
-                 backend_options: dict | None = None, sandbox: bool = True, judge: Any = None):
-        if judge is not None:
-            raise ValueError("judge= is gone: pass the scorer itself, e.g. reward=Judge({...}) (the agent "
-                             "package's VLM judge)")
+                 backend_options: dict | None = None, sandbox: bool = True, desktop: Desktop | None = None):
         if isinstance(reward, str):
             if reward != "check":
                 raise ValueError(f"reward must be 'check' or a scorer object (coda_env.scoring.Scorer), got "
@@ -87,7 +93,7 @@ class CodaEnv(gym.Env):
         if render_mode not in (None, "rgb_array"):
             raise ValueError("render_mode must be None or 'rgb_array'")
         self.spec_app = get_app_spec(app)
-        if backend == "local":   # on a VM the app lives in the guest: the image decides
+        if desktop is None and get_backend(backend).apps_on_host:   # on a VM the image decides
             missing = self.spec_app.available()
             if missing:
                 raise AppError(f"{self.spec_app.env_id} cannot run here: {missing}")
@@ -118,38 +124,49 @@ class CodaEnv(gym.Env):
                              else structured_space(screen))
         # sandbox: every app sealed (no privileges, no network, its home the only writable place); on the
         # local backend a machine that cannot make sandboxes refuses here, naming the cause and sandbox=False
-        self.desktop = make_desktop(backend, self.width, self.height, sandbox=sandbox, **(backend_options or {}))
-        self.snapshots = "snapshots" in self.desktop.capabilities
+        self.desktop = desktop if desktop is not None else make_desktop(
+            backend, self.width, self.height, sandbox=sandbox, **(backend_options or {}))
         # how long an app may take to start: a VM under software emulation needs far longer than Xvfb
         self.ready_timeout = float(ready_timeout if ready_timeout is not None else self.desktop.app_timeout)
-        self.apps: dict[str, App] = {}          # adapters by app name (the main one, and a task's others)
-        self.procs: dict[str, Any] = {}
+        self.session = Session(self.desktop, app, self.ready_timeout)
         self.task: Task | None = None
-        self._home: str | None = None
         self._obs: dict[str, Any] | None = None
         self._steps = 0
         self._done = True
         self._answer: str | None = None
-        # scorer only: downscaled copies of the episode's screens, each kept only when it differs from the one
-        # before (what a judge shows as earlier steps); the final screen is the observation itself
-        self._frames: list[np.ndarray] = []
-        self._frame_last: np.ndarray | None = None
-        self._frame_kept = False
+        # scorer only: what a judge is shown of the episode's earlier screens
+        self._keeper = FrameKeeper(self.scorer.history_size if self.scorer is not None else None)
         # The task of the next reset when its options name none: how a runner assigns tasks to the envs of
         # a vector env (`envs.set_attr("next_task", [...])`), whose autoreset passes no options. Used once.
         self.next_task: str | None = None
-        self._app_saved: tuple[str, ...] | None = None   # the apps in the desktop's snapshot (see reset)
 
-    # ----------------------------------------------------------------------------------------- helpers
+    # ----------------------------------------------------------------------------------------- the session's
     @property
     def app(self) -> App:
         """The main app's adapter."""
-        return self._adapter(self.app_name)
+        return self.session.adapter(self.app_name)
 
-    def _adapter(self, name: str) -> App:
-        if name not in self.apps:
-            self.apps[name] = get_app_spec(name).adapter()
-        return self.apps[name]
+    @property
+    def apps(self) -> dict[str, App]:
+        return self.session.apps
+
+    @property
+    def procs(self) -> dict[str, Any]:
+        return self.session.procs
+
+    @property
+    def snapshots(self) -> bool:
+        return self.session.snapshots
+
+    @property
+    def _frames(self) -> list[np.ndarray]:
+        """The screens kept for the scorer so far (scoring.FrameKeeper)."""
+        return self._keeper.frames
+
+    @property
+    def _home(self) -> str | None:
+        """The episode's home folder (the app's HOME, its files)."""
+        return self.session.home
 
     def _settle(self, timeout: float | None = None) -> tuple[np.ndarray, float]:
         """Poll screenshots until the screen is unchanged for settle_quiet seconds (or timeout)."""
@@ -175,22 +192,6 @@ class CodaEnv(gym.Env):
                 obs["a11y_tree"] = f"(accessibility tree unavailable: {e})"
         return obs
 
-    def _stop_apps(self) -> None:
-        for adapter in self.apps.values():
-            try:
-                adapter.close()
-            except Exception:  # noqa: BLE001 - closing connections of a dead app
-                pass
-        for proc in self.procs.values():
-            try:
-                self.desktop.kill_group(proc)
-            except (DesktopError, OSError):
-                pass
-        self.procs.clear()
-        if self._home:
-            shutil.rmtree(self._home, ignore_errors=True)
-            self._home = None
-
     def _pick_task(self, options: dict | None) -> Task:
         wanted = (options or {}).get("task")
         if wanted is None and self.next_task is not None:
@@ -201,89 +202,26 @@ class CodaEnv(gym.Env):
             return self.tasks[wanted]
         return self.tasks[self.task_ids[int(self.np_random.integers(len(self.task_ids)))]]
 
-    def _release(self) -> None:
-        try:
-            self.desktop.release_all()
-        except (DesktopError, OSError):
-            pass
-
     # ----------------------------------------------------------------------------------------- API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         self.task = self._pick_task(options)
-        apps = self.task.all_apps
-        self._release()
-        # A desktop with snapshots (a VM) saves one once the apps are up; every later reset of the same apps
-        # reverts to it and they come back running and ready. Any other desktop restarts the apps.
-        reverted = False
-        if self.snapshots and self._app_saved == apps and self.desktop.alive():
-            for a in self.apps.values():
-                a.close()                     # connections only: the apps are part of the snapshot
-            try:
-                self.desktop.reset()
-                self._check_apps()
-                reverted = True
-            except (DesktopError, AppError):  # a failed revert: boot afresh below instead of retrying it
-                self.desktop.stop()
-        if not reverted:
-            self._stop_apps()
-            self._app_saved = None
-            if not self.desktop.alive():
-                self.desktop.start()
-            elif self.snapshots:              # a snapshot desktop before its app checkpoint
-                self.desktop.reset()
-        timings["desktop"] = time.monotonic() - t0
-        t1 = time.monotonic()
-        if not reverted:
-            # inside the desktop's own folder where it has one (local): removed with it however we end
-            self._home = _temp_folder(f"coda-{self.app_name}-", self.desktop.tmpdir)
-            files_ops = [op for op in self.task.initialize if SETUP_OPS[op["func"]].phase == "files"]
-            open_files: list[str] = []
-            for op in files_ops:
-                self._run_op(op, open_files)
-            for name in apps:
-                adapter = self._adapter(name)
-                self.procs[name] = adapter.launch(LaunchContext(self.desktop, self._home, self.task,
-                                                                list(open_files)))
-            deadline = time.monotonic() + self.ready_timeout
-            for name in apps:
-                while not self.apps[name].ready(self.desktop):
-                    if time.monotonic() > deadline:
-                        raise AppError(f"{name} did not become ready within {self.ready_timeout:g}s")
-                    time.sleep(0.01)
-            if self.snapshots:
-                self.desktop.checkpoint("+".join(apps))
-                self._app_saved = apps
-        timings["launch"] = time.monotonic() - t1
-        t2 = time.monotonic()
-        for op in self.task.initialize:
-            if SETUP_OPS[op["func"]].phase == "app":
-                self._run_op(op, [])
-                self._settle()
-        timings["setup"] = time.monotonic() - t2
+        self.session.begin(self.task, timings, self._settle)
         frame, timings["settle"] = self._settle()
         timings["reset"] = time.monotonic() - t0
         self._obs = self._observation(frame)
         self._steps, self._done, self._answer = 0, False, None
         if self.scorer is not None:
-            self._frames, self._frame_last = [], None
-            self._keep_frame(frame)
+            self._keeper.size = self.scorer.history_size   # a trainer may have swapped the scorer
+            self._keeper.clear()
+            self._keeper.keep(frame)
         self.timings = timings
         info = {"task": self.task.id, "instruction": self.task.instruction}
         if self.info_timings:
             info["timings"] = timings
         return self._obs, info
-
-    def _run_op(self, op: dict, open_files: list[str]) -> None:
-        s = SETUP_OPS[op["func"]]
-        adapter = self._adapter(s.app or self.app_name)
-        home = self._home or ""
-        try:
-            s.run(SetupContext(self.desktop, adapter, home, self.task, open_files), op)
-        except SetupError as e:
-            raise TaskError(f"task {self.task.id!r}: setup {op['func']!r}: {e}") from None
 
     def _run_actions(self, acts: list[Action], info: dict) -> None:
         """Perform the non-terminal actions in order. A statement that the desktop cannot perform (not a dead
@@ -295,10 +233,10 @@ class CodaEnv(gym.Env):
             try:
                 self.desktop.input(a)
             except (DesktopError, OSError):
-                self._release()
+                self.session.release()
                 raise
             except Exception as e:  # noqa: BLE001 - an action the desktop refused: the agent's error
-                self._release()
+                self.session.release()
                 ran = f"statements 1-{k} ran" if k > 1 else "statement 1 ran" if k == 1 else "nothing ran"
                 info["action_error"] = (f"statement {k + 1} of {len(acts)} ({a.to_pyautogui()}) failed: "
                                         f"{type(e).__name__}: {e}; {ran}")
@@ -324,14 +262,14 @@ class CodaEnv(gym.Env):
         try:
             self._run_actions(acts, info)
             timings["action"] = time.monotonic() - t0
-            self._check_apps()
+            self.session.check_apps()
             wait = any(a.kind == "wait" for a in acts)
             frame, timings["settle"] = self._settle(timeout=self.settle_timeout * (2 if wait else 1))
             t1 = time.monotonic()
             self._obs = self._observation(frame)
             timings["screenshot"] = time.monotonic() - t1
             if self.scorer is not None:
-                self._keep_frame(frame)
+                self._keeper.keep(frame)
         except (DesktopError, AppError, OSError) as e:
             return self._crash(e, info)
         budget = self.max_steps or self.task.steps
@@ -339,23 +277,18 @@ class CodaEnv(gym.Env):
         truncated = not terminated and self._steps >= budget
         reward = 0.0
         if terminated or truncated:
-            self._release()
+            self.session.release()
             if terminal is not None and terminal.kind == "answer":
                 self._answer = terminal.text
             t2 = time.monotonic()
             try:
-                self._check_apps()
+                self.session.check_apps()
                 reward, info = self._evaluate(info, terminal)
             except (DesktopError, AppError, OSError) as e:
                 return self._crash(e, info)
             timings["evaluate"] = time.monotonic() - t2
             self._done = True
         return self._obs, reward, terminated, truncated, info
-
-    def _check_apps(self) -> None:
-        for name, proc in self.procs.items():
-            if proc is not None and proc.poll() is not None:
-                raise AppError(f"{name} exited (code {proc.returncode}) during the episode")
 
     def _evaluate(self, info: dict, terminal: Action | None) -> tuple[float, dict]:
         states = {name: self.apps[name].state(self.desktop) for name in self.task.all_apps}
@@ -371,18 +304,9 @@ class CodaEnv(gym.Env):
             return (1.0 if ok else 0.0), info
         return self._score(info, answer), info
 
-    def _keep_frame(self, frame: np.ndarray) -> None:
-        """Scorer mode: keep a downscaled copy of a screen that differs from the one before (about 6 ms)."""
-        size = self.scorer.history_size
-        self._frame_kept = bool(size) and (self._frame_last is None or not np.array_equal(frame, self._frame_last))
-        if self._frame_kept:
-            self._frames.append(fit_within(frame, size))
-        self._frame_last = frame
-
     def _score(self, info: dict, answer: str | None) -> float:
         """Ask the scorer about the episode; its failure is the episode's error, not the env's."""
-        # the final screen is shown at full size: drop its small copy when the last step kept one
-        earlier = self._frames[:-1] if self._frame_kept else self._frames
+        earlier = self._keeper.earlier()
         t0 = time.monotonic()
         try:
             result = self.scorer.score(Episode(self.task.id, self.app_name, self.task.instruction,
@@ -393,7 +317,7 @@ class CodaEnv(gym.Env):
             return 0.0
         finally:
             self.timings["judge"] = time.monotonic() - t0
-            self._frames, self._frame_last = [], None
+            self._keeper.clear()
         info["judge"] = result.details
         return float(result.reward)
 
@@ -421,8 +345,5 @@ class CodaEnv(gym.Env):
         return self.app.state(self.desktop)
 
     def close(self):
-        try:
-            self._stop_apps()
-        finally:
-            self.desktop.stop()
+        self.session.close()
         super().close()

@@ -3,20 +3,20 @@
 An app is a package under `coda_env/apps/<app>/` whose `__init__` calls `register_app(AppSpec(...))`. That
 one call adds its env id (to gymnasium's registry), its check types and its setup operations; the env, the
 task loader and the `coda` command read these tables and never name an app. A test can register a
-throwaway app the same way (see `coda_env.backends.fake`).
+throwaway app the same way (see `coda_env.apps._fake`).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     from .backends.base import Desktop
-    from .tasks import Task
 
 
 class CheckError(ValueError):
@@ -93,7 +93,7 @@ def confined(home: str, rel: str, what: str = "path") -> str:
 class LaunchContext:
     desktop: "Desktop"
     home: str                              # a fresh folder per reset: the app's HOME, profile and task files
-    task: "Task"
+    task: Any                              # the episode's tasks.Task (the registry imports no task code)
     open_files: list[str] = field(default_factory=list)   # absolute paths in home that setup ops asked to open
 
 
@@ -102,7 +102,7 @@ class SetupContext:
     desktop: "Desktop"
     app: "App"                             # the adapter of the app the operation belongs to
     home: str
-    task: "Task"
+    task: Any                              # the episode's tasks.Task (the registry imports no task code)
     open_files: list[str] = field(default_factory=list)
 
     def path(self, rel: str) -> str:
@@ -115,7 +115,7 @@ class SetupContext:
 @dataclass
 class CheckContext:
     answer: str | None                     # the agent's ANS text ("FAIL" after FAIL), None if it gave none
-    task: "Task | None" = None
+    task: Any = None                       # tasks.Task
     desktop: "Desktop | None" = None
     home: str | None = None
     state: dict = field(default_factory=dict)              # the main app's state, read once per evaluation
@@ -161,25 +161,48 @@ def _no_validate(item: dict) -> None:
     return None
 
 
+def _name_fields(item) -> None:
+    """required/optional as frozensets, and `fields` as their pair (given positionally: taken apart)."""
+    if item.fields and not (item.required or item.optional):
+        req, opt = item.fields
+        object.__setattr__(item, "required", req)
+        object.__setattr__(item, "optional", opt)
+    object.__setattr__(item, "required", frozenset(item.required))
+    object.__setattr__(item, "optional", frozenset(item.optional))
+    object.__setattr__(item, "fields", (item.required, item.optional))
+
+
 @dataclass(frozen=True)
 class CheckType:
+    """A check type: `run(check, ctx) -> (passed, detail)`, `validate(check)` on load, and the fields a check
+    of this type has, by name: `required=`, `optional=` (neither: any). `fields` is the pair they make."""
     name: str
     run: Callable[[dict, CheckContext], tuple[bool, str]]
     validate: Callable[[dict], None] = _no_validate
-    fields: tuple[frozenset[str] | set[str], frozenset[str] | set[str]] = (frozenset(), frozenset())
+    fields: tuple = ()                     # (required, optional), derived; the old positional form still works
     app: str | None = None                 # the app that registered it (None: core)
+    required: Collection[str] = frozenset()
+    optional: Collection[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        _name_fields(self)
 
 
 @dataclass(frozen=True)
 class SetupOp:
+    """A setup operation: `run(ctx, op)` in its `phase`, `validate(op)` on load, its fields by name
+    (`required=`, `optional=`)."""
     name: str
     run: Callable[[SetupContext, dict], None]
     validate: Callable[[dict], None] = _no_validate
-    fields: tuple[frozenset[str] | set[str], frozenset[str] | set[str]] = (frozenset(), frozenset())
+    fields: tuple = ()                     # (required, optional), derived
     phase: str = "app"                     # "files": before launch; "app": once the app is ready
     app: str | None = None
+    required: Collection[str] = frozenset()
+    optional: Collection[str] = frozenset()
 
     def __post_init__(self) -> None:
+        _name_fields(self)
         if self.phase not in ("files", "app"):
             raise ValueError(f"setup op {self.name!r}: phase must be 'files' or 'app'")
 
@@ -196,6 +219,7 @@ class AppSpec:
     available: Callable[[], str | None] = lambda: None  # None: runnable here; else one line: what is missing
     scienceboard: Any = None                           # module with convert(sb_task, path) -> coda task dict
     scienceboard_names: tuple[str, ...] = ()           # ScienceBoard "type" values / folders it translates
+    scienceboard_options: dict = field(default_factory=dict)  # import options its translation takes: name -> help
     description: str = ""
     env_kwargs: dict = field(default_factory=dict)     # defaults passed to CodaEnv by gym.make
 
@@ -217,13 +241,46 @@ APPS: dict[str, AppSpec] = {}
 CHECKS: dict[str, CheckType] = {}
 SETUP_OPS: dict[str, SetupOp] = {}
 BROKEN_APPS: dict[str, str] = {}                       # app packages that failed to import: name -> reason
+# Counts the changes of the tables above: a cache of what was derived from them (tasks.py's parsed task
+# files) keys on it, so the registry needs to know nothing of its readers.
+_generation = 0
+
+
+def generation() -> int:
+    """How many times an app was registered or removed (a reader's cache key)."""
+    return _generation
+
+
+def validate_item(item: Any, table: str) -> None:
+    """The one check of a task file's item against what registered it: a check (`table` "checks", keyed by
+    "type", CheckError) or a setup operation ("setup_ops", keyed by "func", SetupError): a known name, the
+    declared fields, then the registrant's own validation."""
+    if table == "checks":
+        if not isinstance(item, dict):
+            raise CheckError(f"a check must be an object, got {type(item).__name__}")
+        name = item.get("type")
+        if not isinstance(name, str) or name not in CHECKS:
+            raise CheckError(f"unknown check type {name!r}; known: {', '.join(sorted(CHECKS))}")
+        entry: CheckType | SetupOp = CHECKS[name]
+        check_fields(item, entry.fields, f"check {name!r}", "type", CheckError)
+    elif table == "setup_ops":
+        if not isinstance(item, dict) or not isinstance(item.get("func"), str):
+            raise SetupError("must be an object with a string 'func'")
+        name = item["func"]
+        if name not in SETUP_OPS:
+            raise SetupError(f"unknown setup operation {name!r}; known: {', '.join(sorted(SETUP_OPS))}")
+        entry = SETUP_OPS[name]
+        check_fields(item, entry.fields, f"operation {name!r}", "func", SetupError)
+    else:
+        raise ValueError(f"no table {table!r}: 'checks' or 'setup_ops'")
+    entry.validate(item)
 
 
 def register_check(check: CheckType, app: str | None = None) -> CheckType:
     if check.name in CHECKS and CHECKS[check.name].app != app:       # an app registered again replaces its own
         owner = CHECKS[check.name].app or "core"
         raise ValueError(f"check type {check.name!r} is already registered (by {owner})")
-    check = check if check.app == app else CheckType(check.name, check.run, check.validate, check.fields, app)
+    check = check if check.app == app else dataclasses.replace(check, app=app)
     CHECKS[check.name] = check
     return check
 
@@ -231,7 +288,7 @@ def register_check(check: CheckType, app: str | None = None) -> CheckType:
 def register_setup_op(op: SetupOp, app: str | None = None) -> SetupOp:
     if op.name in SETUP_OPS and SETUP_OPS[op.name].app != app:
         raise ValueError(f"setup operation {op.name!r} is already registered (by {SETUP_OPS[op.name].app or 'core'})")
-    op = op if op.app == app else SetupOp(op.name, op.run, op.validate, op.fields, op.phase, app)
+    op = op if op.app == app else dataclasses.replace(op, app=app)
     SETUP_OPS[op.name] = op
     return op
 
@@ -248,8 +305,8 @@ def register_app(spec: AppSpec) -> AppSpec:
     if spec.env_id in registry:
         del registry[spec.env_id]
     register(id=spec.env_id, entry_point="coda_env.env:CodaEnv", kwargs={"app": spec.name, **spec.env_kwargs})
-    from . import tasks
-    tasks.clear_cache()
+    global _generation
+    _generation += 1
     return spec
 
 
@@ -263,8 +320,8 @@ def unregister_app(name: str) -> None:
         for k in [k for k, v in table.items() if v.app == name]:
             del table[k]
     registry.pop(spec.env_id, None)
-    from . import tasks
-    tasks.clear_cache()
+    global _generation
+    _generation += 1
 
 
 def get_app_spec(name: str) -> AppSpec:

@@ -57,17 +57,25 @@ def oracles(spec: AppSpec) -> dict[str, list[str]]:
     return {k: v for k, v in data.items() if isinstance(v, list)}
 
 
-def convert(sb: Any, path: str | Path = "<scienceboard task>", grassdata: str | None = None) -> dict:
-    """One ScienceBoard task (decoded JSON) as a coda task dict; TaskError with the reason when refused."""
+def import_options() -> dict[str, str]:
+    """The import options the app packages declare (AppSpec.scienceboard_options): name -> help."""
+    out: dict[str, str] = {}
+    for spec in APPS.values():
+        out.update(spec.scienceboard_options)
+    return out
+
+
+def convert(sb: Any, path: str | Path = "<scienceboard task>", **options: str) -> dict:
+    """One ScienceBoard task (decoded JSON) as a coda task dict; TaskError with the reason when refused.
+    `options` (import options, `import_options()`) go to the app's translation where it takes them."""
     path = str(path)
     if not isinstance(sb, dict):
         raise TaskError(f"{path}: a ScienceBoard task file holds a JSON object")
     spec = app_for(sb, path)
     if spec.scienceboard is None or not hasattr(spec.scienceboard, "convert"):
         raise TaskError(f"{path}: the {spec.name} package has no ScienceBoard translation yet")
-    kwargs = {}
-    if grassdata is not None and "grassdata" in inspect.signature(spec.scienceboard.convert).parameters:
-        kwargs["grassdata"] = grassdata
+    takes = inspect.signature(spec.scienceboard.convert).parameters
+    kwargs = {k: v for k, v in options.items() if v is not None and k in takes}
     task = spec.scienceboard.convert(sb, path, **kwargs)
     stem = Path(path).stem
     if "solution" not in task and stem in oracles(spec):
@@ -76,9 +84,9 @@ def convert(sb: Any, path: str | Path = "<scienceboard task>", grassdata: str | 
     return task
 
 
-def convert_file(path: str | Path, grassdata: str | None = None) -> dict:
+def convert_file(path: str | Path, **options: str) -> dict:
     """`convert` of a ScienceBoard task file on disk."""
-    return convert(read_task_file(path), path, grassdata)
+    return convert(read_task_file(path), path, **options)
 
 
 def find_files(src: Path) -> list[Path]:
@@ -91,7 +99,7 @@ def find_files(src: Path) -> list[Path]:
     return sorted(src.glob("*.json"))
 
 
-def import_folder(src: Path, out: Path, grassdata: str | None = None) -> dict:
+def import_folder(src: Path, out: Path, **options: str) -> dict:
     """Convert every file under `src` into OUT/<app>/<id>.json; OUT/import-report.json says, per file,
     converted (and where) or refused (and why)."""
     if not src.is_dir():
@@ -106,7 +114,7 @@ def import_folder(src: Path, out: Path, grassdata: str | None = None) -> dict:
         app = next((n for n, spec in APPS.items() if f.parent.name in spec.scienceboard_names),
                    f.parent.name.lower())
         try:
-            task = convert_file(f, grassdata)
+            task = convert_file(f, **options)
         except TaskError as e:
             reason = str(e)
             reason = reason[len(str(f)) + 2:] if reason.startswith(str(f) + ": ") else reason

@@ -55,3 +55,27 @@ def fit_within(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     from PIL import Image
     nw, nh = max(1, round(w * s)), max(1, round(h * s))
     return np.asarray(Image.fromarray(np.ascontiguousarray(frame)).resize((nw, nh), Image.Resampling.BOX))
+
+
+class FrameKeeper:
+    """What a scorer is shown of an episode's earlier screens: a downscaled copy of each screen that differs
+    from the one before (about 6 ms each); the final screen is shown at full size, so its copy is dropped."""
+
+    def __init__(self, size: tuple[int, int] | None):
+        self.size = size
+        self.frames: list[np.ndarray] = []
+        self._last: np.ndarray | None = None
+        self._kept = False
+
+    def keep(self, frame: np.ndarray) -> None:
+        self._kept = bool(self.size) and (self._last is None or not np.array_equal(frame, self._last))
+        if self._kept:
+            self.frames.append(fit_within(frame, self.size))  # type: ignore[arg-type]
+        self._last = frame
+
+    def earlier(self) -> list[np.ndarray]:
+        """The kept screens before the final one (the final one's copy dropped when the last step kept it)."""
+        return self.frames[:-1] if self._kept else list(self.frames)
+
+    def clear(self) -> None:
+        self.frames, self._last, self._kept = [], None, False

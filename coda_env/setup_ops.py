@@ -5,7 +5,7 @@ anywhere else, whatever path it names.
 """
 from __future__ import annotations
 
-from .registry import SetupContext, SetupError, SetupOp, confined, register_setup_op, relative_path
+from .registry import SetupContext, SetupError, SetupOp, confined, register_setup_op, relative_path, validate_item
 
 MAX_CONTENT = 5_000_000
 
@@ -36,8 +36,8 @@ def _open(ctx: SetupContext, op: dict) -> None:
 
 
 CORE_OPS = [
-    SetupOp("write_file", _write, _write_validate, (frozenset({"path", "content"}), frozenset()), phase="files"),
-    SetupOp("open_file", _open, _open_validate, (frozenset({"path"}), frozenset()), phase="files"),
+    SetupOp("write_file", _write, _write_validate, required={"path", "content"}, phase="files"),
+    SetupOp("open_file", _open, _open_validate, required={"path"}, phase="files"),
 ]
 for _op in CORE_OPS:
     register_setup_op(_op)
@@ -45,11 +45,4 @@ for _op in CORE_OPS:
 
 def validate_op(op: object) -> None:
     """SetupError naming the problem if an `initialize` entry is malformed."""
-    from .registry import SETUP_OPS, check_fields
-    if not isinstance(op, dict) or not isinstance(op.get("func"), str):
-        raise SetupError("must be an object with a string 'func'")
-    s = SETUP_OPS.get(op["func"])
-    if s is None:
-        raise SetupError(f"unknown setup operation {op['func']!r}; known: {', '.join(sorted(SETUP_OPS))}")
-    check_fields(op, s.fields, f"operation {op['func']!r}", "func", SetupError)
-    s.validate(op)
+    validate_item(op, "setup_ops")

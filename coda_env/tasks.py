@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .actions import ActionError, parse_action
-from .checks import validate_check
-from .registry import APPS, SETUP_OPS, CheckError, SetupError, get_app_spec
+from .registry import APPS, SETUP_OPS, CheckError, SetupError, generation, get_app_spec, validate_item
 
 DIFFICULTIES = ("easy", "medium", "hard")
 MAX_INSTRUCTION = 10_000
@@ -98,17 +97,16 @@ def parse_task(data: Any, path: str = "<task>", screen: tuple[int, int] = (1280,
         raise fail("evaluate", "needs at least one check")
     for i, check in enumerate(data["evaluate"]):
         try:
-            validate_check(check)
+            validate_item(check, "checks")
         except CheckError as e:
             raise fail(f"evaluate[{i}]", str(e)) from None
         owner = _owner(check.get("type"), "check")
         if owner is not None and owner not in (data["app"], *apps):
             raise fail(f"evaluate[{i}]", f"check type {check['type']!r} belongs to app {owner!r}, "
                                          f"which the task does not use")
-    from .setup_ops import validate_op
     for i, op in enumerate(data.get("initialize", [])):
         try:
-            validate_op(op)
+            validate_item(op, "setup_ops")
         except SetupError as e:
             raise fail(f"initialize[{i}]", str(e)) from None
         owner = SETUP_OPS[op["func"]].app
@@ -183,7 +181,7 @@ def clear_cache() -> None:
 def _load(app: str, task_dirs: Sequence[str | Path] | None) -> tuple[dict[str, Task], dict[str, str]]:
     spec = get_app_spec(app)
     dirs = _user_dirs(task_dirs)
-    key = (app, tuple(str(d) for d in dirs))
+    key = (generation(), app, tuple(str(d) for d in dirs))   # a registration changes the generation
     if key in _CACHE:
         return _CACHE[key]
     tasks: dict[str, Task] = {}

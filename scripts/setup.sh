@@ -5,10 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # bubblewrap seals every app (its own namespaces, no privileges, no network).
 # libvirt-dev + pkg-config build libvirt-python (the [vm] extra); qemu-utils gives qemu-img for VM images.
-APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core bubblewrap kalgebra grass libgl1-mesa-dri libvirt-dev pkg-config qemu-utils libosmesa6)
-# TeXstudio (coda/TeXstudio-v0): the editor, pdflatex + bibtex, pdftotext for the compile check's text, and the
-# LaTeX packages ScienceBoard's documents use (listings, xcolor, lipsum, enumitem, bussproofs, ...).
-APT_PACKAGES+=(texstudio texlive-latex-base texlive-latex-recommended texlive-latex-extra texlive-science poppler-utils)
+APT_PACKAGES=(xvfb openbox dbus-daemon at-spi2-core bubblewrap libgl1-mesa-dri libvirt-dev pkg-config qemu-utils libosmesa6)
+# Each app declares what it needs in its own packages.txt (this script names no app).
+for f in coda_env/apps/[!_]*/packages.txt; do
+  while read -r pkg _; do
+    case "$pkg" in ''|'#'*) ;; *) APT_PACKAGES+=("$pkg") ;; esac
+  done < "$f"
+done
 # ScienceBoard's C-03/C-04 documents also load kpfonts and beramono: texlive-fonts-extra, about 500 MB to
 # download and 1.4 GB on disk, so only on request.
 if [ "${CODA_TEXLIVE_FONTS_EXTRA:-0}" = 1 ]; then APT_PACKAGES+=(texlive-fonts-extra); fi

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from coda_env.backends.fake import register_fake
+from coda_env.apps._fake import register_fake
 from coda_env.env import CodaEnv
 from coda_env.scoring import Episode, Score
 
@@ -27,7 +27,11 @@ class AlternatingScorer:
 
 
 def make_alternating_env(**kwargs) -> CodaEnv:
-    """The FAKE app on the fake backend, small screens, each env with its own AlternatingScorer."""
+    """The FAKE app on the fake backend, small screens, each env with its own AlternatingScorer. The app is
+    registered again when a test that ran before unregistered it (test_core's and test_eval's clean-ups)."""
+    from coda_env.registry import APPS
+    if "fake" not in APPS:
+        register_fake()
     return CodaEnv(app="fake", backend="fake", screen=(320, 200), reward=AlternatingScorer(), settle_quiet=0.0,
                    settle_timeout=0.0, **kwargs)
 

@@ -20,7 +20,7 @@ from coda_env.actions import parse_action
 from coda_env.apps.chimerax import adapter as ad
 from coda_env.apps.chimerax import checks as ck
 from coda_env.apps.chimerax import setup as su
-from coda_env.apps.chimerax._core import AppError, CheckContext, CheckError, LaunchContext, SetupContext, SetupError
+from coda_env.registry import AppError, CheckContext, CheckError, LaunchContext, SetupContext, SetupError
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "coda_env" / "apps" / "chimerax"
@@ -109,7 +109,7 @@ def test_commands_that_stay_allowed():
         "cartoon style"
     assert cx.check("info sel", ck.READ_ONLY) == ["info selection"]          # ScienceBoard's A-05, B-04
     assert cx.check("info rescolor /A:1-2", ck.READ_ONLY) == ["info rescolor"]
-    # the table covers every whitelisted command, from ChimeraX itself (engine/gen_commands.py)
+    # the table covers every whitelisted command, from ChimeraX itself (tools/chimerax_gen_commands.py)
     table = cx.table()["commands"]
     assert all("keywords" in table[v] for v in su.COMMAND_VERBS - {"measure"})
     assert all("keywords" in table[c] for c in ck.READ_ONLY.commands)
@@ -183,7 +183,7 @@ def test_structure_summary_and_image_size():
 @pytest.mark.fast
 def test_shipped_structures_are_what_the_generator_writes():
     import importlib.util
-    spec = importlib.util.spec_from_file_location("make_structures", PKG / "data" / "make_structures.py")
+    spec = importlib.util.spec_from_file_location("make_structures", REPO / "tools" / "chimerax_make_structures.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     for name, text in mod.build().items():
@@ -336,11 +336,11 @@ def test_engine_writes_where_the_refused_spellings_say(engine, tmp_path):
 
 @needs_engine
 def test_engine_command_table_is_what_chimerax_registers(tmp_path):
-    """commands.json is what engine/gen_commands.py writes from the engine now (regenerate it with that
+    """commands.json is what tools/chimerax_gen_commands.py writes from the engine now (regenerate it with that
     script when the engine changes)."""
     import subprocess
     out = tmp_path / "commands.json"
-    r = subprocess.run([str(ENGINE), "--exit", "--script", f"{PKG / 'engine' / 'gen_commands.py'} {out}"],
+    r = subprocess.run([str(ENGINE), "--exit", "--script", f"{REPO / 'tools' / 'chimerax_gen_commands.py'} {out}"],
                        capture_output=True, text=True, timeout=240)
     assert out.exists(), r.stdout[-2000:] + r.stderr[-2000:]
     assert json.loads(out.read_text())["commands"] == json.loads((PKG / "commands.json").read_text())["commands"]

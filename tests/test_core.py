@@ -13,7 +13,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import coda_env
-from coda_env.backends.fake import FakeApp, FakeDesktop, register_fake
+from coda_env.apps._fake import FakeApp, register_fake
+from coda_env.backends.fake import FakeDesktop
 from coda_env.checks import CheckResult, compile_predicate, run_checks, translate_lambda, validate_check
 from coda_env.registry import (APPS, CHECKS, AppError, AppSpec, CheckContext, CheckError, CheckType, SetupError,
                                confined, register_app, unregister_app)
@@ -459,7 +460,7 @@ def test_a_task_may_need_two_apps_on_one_desktop():
             return {"running": self.proc is not None and self.proc.poll() is None}
 
     register_app(AppSpec(name="second", env_id="coda/Second-v0", adapter=Second, env_kwargs={"backend": "fake"}))
-    register_fake([*__import__("coda_env.backends.fake", fromlist=["FAKE_TASKS"]).FAKE_TASKS,
+    register_fake([*__import__("coda_env.apps._fake", fromlist=["FAKE_TASKS"]).FAKE_TASKS,
                    {"id": "both", "app": "fake", "apps": ["second"], "instruction": "Type 1, Enter.", "steps": 3,
                     "evaluate": [{"type": "state", "path": "value", "value": "1"},
                                  {"type": "state", "app": "second", "path": "running", "value": True}],

@@ -131,7 +131,7 @@ def _records_by_task(out: Path) -> dict[str, dict]:
 def test_a_set_up_failure_is_one_failed_episode_and_the_run_goes_on_fake(tmp_path):
     """On the FAKE app: a task whose set-up raises is recorded as one failed episode with its error (in
     episodes.jsonl, results.json and the report), and the tasks after it still run and pass."""
-    from coda_env.backends.fake import FAKE_TASKS, register_fake
+    from coda_env.apps._fake import FAKE_TASKS, register_fake
     from coda_env.registry import AppError, SetupOp, register_setup_op, unregister_app
 
     def boom(ctx, op):

@@ -164,7 +164,8 @@ def test_scienceboard_translation_shapes():
 def test_scienceboard_location_from_user_grassdata(tmp_path):
     """A converted task runs on the user's location: here a copy of this project's, named as ScienceBoard's."""
     from coda_env.apps.grass import data
-    from coda_env.apps.grass.adapter import SETUP_OPS, Grass
+    from coda_env.apps.grass.adapter import Grass
+    from coda_env.apps.grass.setup import SETUP_OPS
     from coda_env.registry import SetupContext
     db = tmp_path / "grassdata"
     db.mkdir()

@@ -305,7 +305,7 @@ def test_env_reward_argument_errors():
         CodaEnv("kalgebra", reward="vlm")
     with pytest.raises(ValueError, match=r"reward=Judge\("):
         CodaEnv("kalgebra", reward="judge")
-    with pytest.raises(ValueError, match="judge= is gone"):
+    with pytest.raises(TypeError, match="judge"):   # issue 27: the dead judge= parameter is gone
         CodaEnv("kalgebra", judge={"models": ["http://x"]})
     with pytest.raises(TypeError, match="scorer"):
         CodaEnv("kalgebra", reward=object())

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coda_env.backends import sandbox as sb
+from coda_env.backends.local import sandbox as sb
 from coda_env.backends.local import LocalConfig, LocalDesktop
 from coda_env.env import CodaEnv
 

@@ -330,3 +330,27 @@ def test_nothing_left_after_close():
     after = set(glob.glob(os.path.join(tempfile.gettempdir(), "coda-texstudio-*")))
     assert after <= before, after - before
     assert home and not os.path.exists(home)
+
+
+@needs_texstudio
+def test_a11y_text_is_the_same_through_a_vm_guests_reader():
+    """TeXstudio's a11y_text uses only the A11ySource protocol, so it reads the same through the libvirt
+    backend's guest reader (run here by the guest-agent stand-in of test_env, on this desktop's bus)."""
+    from coda_env.env import CodaEnv
+
+    from .test_env import _GuestView
+    env = CodaEnv(app="texstudio")
+    try:
+        env.reset(options={"task": "build_pdf"})
+        app, desk = env.unwrapped.app, env.unwrapped.desktop
+        reads = [app.a11y_text(desk)]
+        while len(reads) < 10 and (len(reads) < 2 or reads[-1] != reads[-2]):  # the GUI has settled
+            reads.append(app.a11y_text(desk))
+        local = reads[-1]
+        guest = type(app)()
+        guest._proc, guest.a11y_name = app._proc, app.a11y_name
+        remote = guest.a11y_text(_GuestView(desk))
+        assert len(local.splitlines()) > 10 and "main.tex" in local
+        assert remote in (local, app.a11y_text(desk))
+    finally:
+        env.close()

@@ -65,7 +65,17 @@ OUT=${OUT:-build}
 SIZE=${SIZE:-8G}
 SUITE=bookworm
 IMAGE="$OUT/coda-debian12.qcow2"
-APPS=(${APPS:-kalgebra grass-gui texstudio})
+# The apps' Debian packages, as each app package declares them (coda_env/apps/*/packages.txt); APPS overrides.
+if [ -z "${APPS:-}" ]; then
+  APPS=()
+  for f in ../coda_env/apps/[!_]*/packages.txt; do
+    while read -r pkg _; do
+      case "$pkg" in ''|'#'*) ;; *) APPS+=("$pkg") ;; esac
+    done < "$f"
+  done
+else
+  APPS=($APPS)
+fi
 PACKAGES=(linux-image-amd64 initramfs-tools systemd-sysv udev dbus dbus-x11 qemu-guest-agent
           xserver-xorg-core xserver-xorg-input-libinput xinit x11-xserver-utils openbox wmctrl
           at-spi2-core python3 python3-jeepney fonts-dejavu-core procps psmisc coreutils "${APPS[@]}")

@@ -5,13 +5,14 @@ the desktop only through this protocol, so the same app adapter and task run on 
 """
 from __future__ import annotations
 
+import errno
 import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from ..actions import Action
 
 if TYPE_CHECKING:
     from ..a11y import A11ySource
+
+T = TypeVar("T")
 
 
 class DesktopError(RuntimeError):
@@ -75,6 +78,11 @@ class Desktop(Protocol):
         a backend that can also switches keyboard locks off, so that no episode inherits another's input."""
     def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
         """GET http://127.0.0.1:port/path as seen from the desktop (this machine, or inside the VM guest)."""
+    def checkpoint(self, name: str) -> None:
+        """(capability "snapshots") Save the running desktop, apps and all, as `name`; `reset()` reverts to
+        the latest. A desktop without the capability raises DesktopError."""
+    def reset(self) -> None:
+        """(capability "snapshots") Revert in place to the latest checkpoint (or to the booted desktop)."""
 
 
 SNAPSHOTS = "snapshots"
@@ -82,13 +90,29 @@ A11Y = "a11y"
 
 
 def make_temp_dir(prefix: str, parent: str | None = None, what: str = "a temporary folder") -> str:
-    """tempfile.mkdtemp, with an error that names the folder and the fix instead of a bare OSError."""
+    """tempfile.mkdtemp, with an error that names the folder and the fix instead of a bare OSError (the one
+    helper for the desktops' folders and the apps' homes)."""
     try:
         return tempfile.mkdtemp(prefix=prefix, dir=parent)
     except OSError as e:
         where = parent or tempfile.gettempdir()
-        raise DesktopError(f"cannot create {what} in {where} ({e.strerror or e}): set TMPDIR to a writable "
-                           f"folder with free space") from None
+        hint = "the disk is full: free space or " if e.errno == errno.ENOSPC else ""
+        raise DesktopError(f"cannot create {what} in {where} ({e.strerror or e}): {hint}set TMPDIR to a "
+                           f"writable folder with free space") from None
+
+
+def poll_until(deadline: float, attempt: Callable[[], T | None], on_timeout: Callable[[], Exception],
+               first: float = 0.005, most: float = 0.2) -> T:
+    """Call `attempt` until it returns something other than None, with growing pauses between the calls;
+    `on_timeout()`'s exception once the next pause would end past `deadline` (time.monotonic())."""
+    for pause in backoff(first, most):
+        got = attempt()
+        if got is not None:
+            return got
+        if time.monotonic() + pause > deadline:
+            raise on_timeout()
+        time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def backoff(first: float = 0.005, most: float = 0.2) -> Iterator[float]:

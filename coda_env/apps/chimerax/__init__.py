@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...registry import AppSpec, register_app
 from . import scienceboard
-from ._core import AppSpec, register_app
 from .adapter import MISSING, ChimeraX, find_chimerax
 from .checks import CHECKS
 from .setup import SETUP_OPS

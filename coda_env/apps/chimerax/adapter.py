@@ -21,7 +21,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from ._core import AppError, LaunchContext
+from ...backends.base import Desktop
+from ...registry import AppError, LaunchContext
 
 HERE = Path(__file__).resolve().parent
 INSIDE = HERE / "inside.py"
@@ -53,7 +54,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_get(desktop: Any, port: int, path: str, timeout: float) -> bytes:
+def http_get(desktop: Desktop, port: int, path: str, timeout: float) -> bytes:
     """GET http://127.0.0.1:port/path where the app runs: the desktop's http_get (urllib on this machine, a
     request inside the guest for a VM); a desktop without one cannot reach the app, so no host fallback."""
     get = getattr(desktop, "http_get", None)
@@ -65,7 +66,7 @@ def http_get(desktop: Any, port: int, path: str, timeout: float) -> bytes:
         raise AppError(f"ChimeraX's REST server on port {port} did not answer {path[:80]!r}: {e}") from None
 
 
-def rest_run(desktop: Any, port: int, command: str, timeout: float = 60.0) -> dict:
+def rest_run(desktop: Desktop, port: int, command: str, timeout: float = 60.0) -> dict:
     """Run one ChimeraX command over REST; the JSON answer ({"json values", "log messages", "error"}).
     Raises AppError when the server is unreachable or the command failed."""
     raw = http_get(desktop, port, "/run?" + urllib.parse.urlencode({"command": command}), timeout)
@@ -99,7 +100,7 @@ class ChimeraX:
         self._a11y = None
 
     # ------------------------------------------------------------------ lifecycle
-    def _find(self, desktop: Any) -> str:
+    def _find(self, desktop: Desktop) -> str:
         if self.binary:  # asked of the desktop, so it looks where the app runs (a guest, for a VM)
             if desktop.run(["test", "-x", self.binary], timeout=30).returncode != 0:
                 raise AppError(f"ChimeraX launcher {self.binary!r} is not an executable file. " + MISSING)
@@ -142,14 +143,14 @@ class ChimeraX:
         self._proc = desktop.spawn(argv, env=env, cwd=home, log=str(h / "chimerax.log"))
         return self._proc
 
-    def _log_tail(self, desktop: Any) -> str:
+    def _log_tail(self, desktop: Desktop) -> str:
         try:
             data = desktop.read_file(str(Path(self.home) / "chimerax.log")) if self.home else b""
         except OSError:
             return ""
         return data.decode(errors="replace")[-800:]
 
-    def ready(self, desktop: Any) -> bool:
+    def ready(self, desktop: Desktop) -> bool:
         if self._proc is not None and self._proc.poll() is not None:
             raise AppError(f"chimerax exited with code {self._proc.returncode} while starting: "
                            f"{self._log_tail(desktop)}")
@@ -179,20 +180,20 @@ class ChimeraX:
             self._a11y = None
 
     # ------------------------------------------------------------------ commands and state
-    def command(self, desktop: Any, text: str, timeout: float = 60.0) -> dict:
+    def command(self, desktop: Desktop, text: str, timeout: float = 60.0) -> dict:
         """Run a command over REST (not logged, as ScienceBoard's harness does); its JSON answer."""
         if self.port is None:
             raise AppError("ChimeraX is not running")
         return rest_run(desktop, self.port, text, timeout)
 
-    def typed(self, desktop: Any, text: str) -> None:
+    def typed(self, desktop: Desktop, text: str) -> None:
         """Run a command as the command line does (logged). For tests that replay oracles on the engine."""
         self.command(desktop, "codatype " + text)
 
-    def state(self, desktop: Any) -> dict[str, Any]:
+    def state(self, desktop: Desktop) -> dict[str, Any]:
         return dump_state(desktop, self.port, self.home)
 
-    def a11y_text(self, desktop: Any) -> str:
+    def a11y_text(self, desktop: Desktop) -> str:
         """The GUI's accessible widgets (menus, toolbar, command line) as `role name` lines; the graphics
         and log panes are not on the bus."""
         if not self.gui:
@@ -215,7 +216,7 @@ class ChimeraX:
         return "\n".join(lines)
 
 
-def dump_state(desktop: Any, port: int | None, home: str | None) -> dict[str, Any]:
+def dump_state(desktop: Desktop, port: int | None, home: str | None) -> dict[str, Any]:
     """The session's state as inside.py's `codadump` gives it in its REST answer (no file in the app's home
     is read or run for it), plus the REST port (checks that query the app use it)."""
     if port is None or home is None:

@@ -18,9 +18,19 @@ import re
 import struct
 from typing import Any
 
+from ...registry import (
+    MAX_VALUE,
+    AppError,
+    CheckContext,
+    CheckError,
+    CheckType,
+    SetupError,
+    confined,
+    finite_values,
+    number,
+    relative_path,
+)
 from . import commands
-from ._core import (MAX_VALUE, AppError, CheckContext, CheckError, CheckType, SetupError, confined, finite_values,
-                    number, relative_path)
 from .adapter import dump_state, quote, rest_run
 
 # The queries a chimerax_info check may run (as resolved by commands.py): they read, never write or reach out.
@@ -319,9 +329,9 @@ def _file(c: dict, ctx: CheckContext) -> tuple[bool, str]:
 
 CHECKS = [
     CheckType("states", _states, _states_validate,
-              (frozenset({"path"}), frozenset({"value", "pattern", "contains", "exists", "tol"}))),
+              required={"path"}, optional={"value", "pattern", "contains", "exists", "tol"}),
     CheckType("chimerax_info", _info, _info_validate,
-              (frozenset(), frozenset({"command", "log", "json", "value", "pattern", "contains", "lines", "tol"}))),
+              optional={"command", "log", "json", "value", "pattern", "contains", "lines", "tol"}),
     CheckType("chimerax_file", _file, _file_validate,
-              (frozenset({"path"}), frozenset(FILE_KEYS) | {"tol"})),
+              required={"path"}, optional=frozenset(FILE_KEYS) | {"tol"}),
 ]

@@ -4,7 +4,7 @@ ChimeraX's parser (chimerax.core.commands.cli, 1.7.1) completes an abbreviated w
 first registered command it begins, and an abbreviated keyword to the keyword it begins, with or without
 case (`info models saveF /tmp/x` runs `info models saveFile /tmp/x`; `save_file` is `saveFile` too). So a
 task file's command is resolved here the same way, against the table ChimeraX 1.7.1 itself declares
-(commands.json, written by engine/gen_commands.py), and is refused when:
+(commands.json, written by tools/chimerax_gen_commands.py), and is refused when:
 - the command's name is abbreviated or unknown; a word after it abbreviates more than one subcommand (ChimeraX
   would run whichever was registered first) or no subcommand unambiguously (`info sel` is `info selection`);
   or the resolved command is not in the policy's whitelist or is a forbidden subcommand (`color image` reads
@@ -30,7 +30,7 @@ MAX_TEXT = 2000
 MAX_NUMBER = 1e6               # any number in a command
 MAX_ANIMATED = 3600            # any number in a command that animates over frames (turn y 90 3600)
 MAX_WAIT = 600                 # frames `wait` may hold ChimeraX (10 s at 60 frames/s)
-# Keywords that name a file, a folder, a URL or code, in any ChimeraX command (engine/gen_commands.py's
+# Keywords that name a file, a folder, a URL or code, in any ChimeraX command (tools/chimerax_gen_commands.py's
 # table, all of it): refused in every command, even where the table does not list them (another ChimeraX
 # version may add them), for every word of 2+ characters that abbreviates one.
 FILE_KEYWORDS: dict[str, str] = {

@@ -142,7 +142,7 @@ def state(session):
     view = session.main_view
     models, atoms, residues, labels2d, pbgroups, surfaces = [], {}, {}, [], [], []
     budget = MAX_ATOMS
-    from chimerax.atomic import Structure, PseudobondGroup
+    from chimerax.atomic import PseudobondGroup, Structure
     for m in session.models.list():
         mid = "#" + m.id_string
         entry = {"id": mid, "name": m.name, "type": type(m).__name__, "shown": bool(m.display),
@@ -171,6 +171,7 @@ def state(session):
         if cls == "MolecularSurface":
             vc = m.vertex_colors
             import hashlib
+
             import numpy
             digest = None if vc is None else hashlib.sha256(numpy.ascontiguousarray(vc, dtype=numpy.uint8).tobytes()).hexdigest()
             surf = {"id": mid, "name": m.name, "shown": bool(m.display), "color": _hex(m.color),

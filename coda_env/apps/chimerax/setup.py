@@ -12,8 +12,15 @@ import os
 import re
 from pathlib import Path
 
+from ...registry import (
+    SetupContext,
+    SetupError,
+    SetupOp,
+    confined,
+    number,
+    relative_path,
+)
 from . import commands
-from ._core import SetupContext, SetupError, SetupOp, confined, number, relative_path
 from .adapter import DATA, quote
 
 # Commands a task file may run (with their subcommands): they change what is shown, never files or code.
@@ -153,11 +160,11 @@ def _none(op: dict) -> None:
 
 
 SETUP_OPS = [
-    SetupOp("chimerax_open", _open, _open_validate, (frozenset(), frozenset({"data", "path", "as", "name"}))),
-    SetupOp("chimerax_user_structure", _user, _user_validate, (frozenset({"entry", "path"}), frozenset()),
+    SetupOp("chimerax_open", _open, _open_validate, optional={"data", "path", "as", "name"}),
+    SetupOp("chimerax_user_structure", _user, _user_validate, required={"entry", "path"},
             phase="files"),
-    SetupOp("chimerax_command", _command, _command_validate, (frozenset({"command"}), frozenset())),
-    SetupOp("chimerax_turn", _turn, _turn_validate, (frozenset({"axis", "angle"}), frozenset())),
-    SetupOp("chimerax_clear_log", _clear_log, _none, (frozenset(), frozenset())),
-    SetupOp("chimerax_save", _save, _save_validate, (frozenset({"path"}), frozenset())),
+    SetupOp("chimerax_command", _command, _command_validate, required={"command"}),
+    SetupOp("chimerax_turn", _turn, _turn_validate, required={"axis", "angle"}),
+    SetupOp("chimerax_clear_log", _clear_log, _none),
+    SetupOp("chimerax_save", _save, _save_validate, required={"path"}),
 ]

@@ -11,11 +11,12 @@ import os
 import shutil
 from pathlib import Path
 
-from . import scienceboard
 from ...registry import AppSpec, register_app
-from .adapter import SETUP_OPS, Grass
+from . import scienceboard
+from .adapter import Grass
 from .checks import CHECKS
-from .data import SYSTEM_PYTHON, set_grassdata  # noqa: F401  (coda import-scienceboard --grassdata)
+from .data import SYSTEM_PYTHON, set_grassdata  # noqa: F401  (coda import-scienceboard --option grassdata=DIR)
+from .setup import SETUP_OPS
 
 
 def available() -> str | None:
@@ -30,6 +31,7 @@ SPEC = register_app(AppSpec(
     name="grass", env_id="coda/GRASS-v0", adapter=Grass, checks=CHECKS, setup_ops=SETUP_OPS,
     task_dir=Path(__file__).parent / "tasks", available=available, scienceboard=scienceboard,
     scienceboard_names=("GrassGIS",),
+    scienceboard_options={"grassdata": "a GRASS database (folder) holding ScienceBoard's two locations"},
     description="GRASS GIS 8.2 with its wxGUI: layers, regions, map calculator, attribute queries",
     # the GUI takes 3-4 s to start on an idle 2-core machine and far longer on a loaded one
     env_kwargs={"ready_timeout": 90.0}))

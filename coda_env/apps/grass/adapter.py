@@ -11,7 +11,7 @@ Two sources of state, because GRASS keeps two kinds:
   `wxgui.py` only. It reads wx objects on the GUI thread and writes nothing. The channel cannot be taken
   over: the env listens, the GUI connects once at start (before any agent acts), and the env keeps that one
   connection (checked to come from the GUI process) and closes its socket; requests carry ids. The GUI's
-  console runs programs, but inside the app's sandbox (backends/sandbox.py), and nothing it starts can
+  console runs programs, but inside the app's sandbox (backends/local/sandbox.py), and nothing it starts can
   replace the GUI on that connection. Its Python tab is hidden (GRASS's `manager.hideTabs.pyshell`) and
   the Simple Python Editor's menu items are removed (`guistate._no_python_editor`).
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import struct
@@ -34,11 +33,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ...backends.base import Desktop
+from ...registry import AppError
 from . import data
-from ...registry import AppError, SetupError, SetupOp
 
 SOCKET_ENV = "CODA_GRASS_STATE_SOCKET"
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,99}$")
 A11Y_ROWS = 400
 _A11Y_SKIP = frozenset({"menu", "popup menu"})   # closed menus' items are not on screen
 _A11Y_ROLES = frozenset({"frame", "dialog", "menu", "menu item", "push button", "toggle button", "check box",
@@ -137,7 +136,7 @@ class Grass:
         return self._proc
 
     @staticmethod
-    def _stable_root(desktop, home: str) -> str:
+    def _stable_root(desktop: Desktop, home: str) -> str:
         """home as GRASS is given it. The Data Catalog shows the database's full path, and home is a fresh
         random folder per reset; through a link of fixed name in the desktop's own folder (which goes with
         the desktop) the screen is the same for every reset of one task (gymnasium's check_env)."""
@@ -233,7 +232,7 @@ class Grass:
             raise AppError(f"GRASS GUI state server: {reply.get('error')}")
         return reply
 
-    def ready(self, desktop) -> bool:
+    def ready(self, desktop: Desktop) -> bool:
         self._alive()
         if not any(w.title.endswith("GRASS GIS") and w.width >= desktop.width * 0.9 for w in desktop.windows()):
             return False
@@ -255,7 +254,7 @@ class Grass:
             return False
 
     # ------------------------------------------------------------------------------------ state
-    def state(self, desktop, busy_timeout: float = 60.0) -> dict[str, Any]:
+    def state(self, desktop: Desktop, busy_timeout: float = 60.0) -> dict[str, Any]:
         """The GUI's state, read once the commands it started have finished (so `db` checks see their data)."""
         self._alive()
         try:
@@ -273,7 +272,7 @@ class Grass:
         return st
 
     # ------------------------------------------------------------------------------------ a11y
-    def a11y_text(self, desktop) -> str:
+    def a11y_text(self, desktop: Desktop) -> str:
         """role | name | x,y,w,h for what is on screen: AT-SPI's showing menus/toolbar buttons, then the
         Layer Manager's layers (custom-drawn, so from the state server). Bounded to A11Y_ROWS rows."""
         rows: list[str] = ["role\tname\tbox"]
@@ -318,7 +317,7 @@ class Grass:
         return []
 
 
-def run_query(desktop, home: str | None, database: dict, module: str, args: list[str],
+def run_query(desktop: Desktop, home: str | None, database: dict, module: str, args: list[str],
               timeout: float = 60.0) -> str:
     """Run one GRASS module on the episode's location in a throwaway mapset (`--tmp-mapset`, so the GUI's
     lock on its mapset stays); its stdout. `module`/`args` must already be whitelisted (checks.py): no
@@ -348,101 +347,3 @@ def run_query(desktop, home: str | None, database: dict, module: str, args: list
         err = r.stderr.decode(errors="replace") if isinstance(r.stderr, bytes) else (r.stderr or "")
         raise AppError(f"GRASS query {module} {' '.join(args)} failed (code {r.returncode}): {err[-500:]}")
     return out
-
-
-# ---------------------------------------------------------------------------------------- setup ops
-def _location_validate(op: dict) -> None:
-    for key in ("location", "mapset"):
-        if key in op and not (isinstance(op[key], str) and NAME_RE.match(op[key])):
-            raise SetupError(f"{key!r} must be a GRASS name (letters, digits, _ . -), got {op.get(key)!r}")
-    if "grassdata" in op and not (isinstance(op["grassdata"], str) and os.path.isabs(op["grassdata"])):
-        raise SetupError("'grassdata' must be an absolute folder (a GRASS database the location is copied from)")
-    if "open" in op and not isinstance(op["open"], bool):
-        raise SetupError("'open' must be true or false")
-
-
-def _location(ctx, op: dict) -> None:
-    """Files phase: which location the GUI opens. `coda` is this project's; any other is copied (read only)
-    from `grassdata` in the op, else from set_grassdata()/$CODA_GRASSDATA."""
-    loc, mapset = op.get("location", data.LOCATION), op.get("mapset", data.MAPSET)
-    if loc == data.LOCATION and "grassdata" not in op:
-        src = (str(data.database()), loc, mapset)
-        if op.get("open", True):
-            ctx.app.location_source = src
-        else:
-            ctx.app.extra_locations.append(src[:2])
-        return
-    src = op.get("grassdata") or data.grassdata()
-    if not src:
-        raise AppError(f"this task needs the GRASS location {loc!r}: name the GRASS database holding it with "
-                       f"$CODA_GRASSDATA or `coda import-scienceboard --grassdata DIR`")
-    if not data.is_location(Path(src, loc)) or not Path(src, loc, mapset).is_dir():
-        raise AppError(f"the GRASS location {loc}/{mapset} is not in {src}")
-    if op.get("open", True):
-        ctx.app.location_source = (src, loc, mapset)
-    else:  # only copied beside it (a task that asks to switch to it)
-        ctx.app.extra_locations.append((src, loc))
-
-
-_LAYER_MODULES = {"raster": "d.rast", "vector": "d.vect"}
-_PARAM_RE = re.compile(r"^[A-Za-z0-9_.@:,+\- ]{1,200}$")
-
-
-def _layer_validate(op: dict) -> None:
-    if not (isinstance(op.get("map"), str) and re.match(r"^[A-Za-z0-9_.@\-]{1,120}$", op["map"])):
-        raise SetupError(f"'map' must be a GRASS map name, got {op.get('map')!r}")
-    if op.get("type", "raster") not in _LAYER_MODULES and "type" in op:
-        raise SetupError(f"'type' must be raster or vector, got {op.get('type')!r}")
-    params = op.get("params", {})
-    if not isinstance(params, dict) or not all(
-            isinstance(k, str) and re.match(r"^[a-z_]{1,30}$", k) and k != "map"
-            and isinstance(v, (str, int, float)) and _PARAM_RE.match(str(v)) for k, v in params.items()):
-        raise SetupError("'params' must map d.rast/d.vect option names to simple values")
-    from ...registry import number
-    for k, v in params.items():
-        if not isinstance(v, str):
-            number(v, f"'params' {k}", -1e12, 1e12, error=SetupError)
-
-
-def _layer(ctx, op: dict) -> None:
-    """App phase: add a map layer as the Layer Manager's 'Add map layer' does; wait until it is listed."""
-    app: Grass = ctx.app
-    before = len(app.state(ctx.desktop)["layers"])
-    req: dict[str, Any] = {"op": "add_layer", "map": op["map"]}
-    if "type" in op:
-        req["cmd"] = [_LAYER_MODULES[op["type"]], f"map={op['map']}",
-                      *(f"{k}={v}" for k, v in op.get("params", {}).items())]
-    app.request(req)
-    deadline = time.monotonic() + 10
-    while len(app.state(ctx.desktop)["layers"]) <= before:
-        if time.monotonic() > deadline:
-            raise AppError(f"GRASS did not list the layer {op['map']!r}")
-        time.sleep(0.02)
-    _wait_rendered(ctx)
-
-
-def _wait_rendered(ctx, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while ctx.app.request({"op": "ping"}).get("rendering"):
-        if time.monotonic() > deadline:
-            raise AppError("GRASS's map display did not finish rendering")
-        time.sleep(0.02)
-
-
-def _scale_validate(op: dict) -> None:
-    from ...registry import number
-    number(op.get("scale"), "'scale' (the n of 1:n)", 1, 1e10, error=SetupError)
-
-
-def _scale(ctx, op: dict) -> None:
-    """App phase: set the map display's scale to 1:n, as typing it into the status bar's Map scale does."""
-    ctx.app.request({"op": "set_scale", "scale": float(op["scale"])})
-    _wait_rendered(ctx)
-
-
-SETUP_OPS = [
-    SetupOp("location", _location, _location_validate,
-            (frozenset(), frozenset({"location", "mapset", "grassdata", "open"})), phase="files"),
-    SetupOp("scale", _scale, _scale_validate, (frozenset({"scale"}), frozenset()), phase="app"),
-    SetupOp("layer", _layer, _layer_validate, (frozenset({"map"}), frozenset({"type", "params"})), phase="app"),
-]

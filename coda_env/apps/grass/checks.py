@@ -27,8 +27,15 @@ import math
 import re
 from typing import Any
 
-from ...checks import compile_predicate
-from ...registry import MAX_VALUE, AppError, CheckError, CheckType, finite_values, number
+from ...predicate import compile_predicate
+from ...registry import (
+    MAX_VALUE,
+    AppError,
+    CheckError,
+    CheckType,
+    finite_values,
+    number,
+)
 
 TESTS = ("value", "gt", "ge", "lt", "le", "contains", "all_in", "one_of", "exists", "expr")
 _MISSING = object()
@@ -324,6 +331,6 @@ def _db_run(c: dict, ctx) -> tuple[bool, str]:
 
 _TEST_FIELDS = frozenset({*TESTS, "tol", "path", "note"})
 CHECKS = [
-    CheckType("info", _info_run, _info_validate, (frozenset(), _TEST_FIELDS)),
-    CheckType("db", _db_run, _db_validate, (frozenset({"module"}), _TEST_FIELDS | {"args", "flags", "parse"})),
+    CheckType("info", _info_run, _info_validate, optional=_TEST_FIELDS),
+    CheckType("db", _db_run, _db_validate, required={"module"}, optional=_TEST_FIELDS | {"args", "flags", "parse"}),
 ]

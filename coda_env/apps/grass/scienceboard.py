@@ -203,7 +203,7 @@ def translate(check: dict, base: list | None = None) -> list[dict]:
 
 
 def _expr(key: ast.AST, root: str, pred: ast.AST | None, names, value: Any, equal: bool = False) -> dict:
-    from ...checks import translate_lambda
+    from ...predicate import translate_lambda
     from ...registry import CheckError
     if pred is None:
         body = ast.Compare(left=key, ops=[ast.Eq()], comparators=[ast.parse(repr(value), mode="eval").body])
@@ -336,6 +336,6 @@ def convert(sb: dict, path: str, grassdata: str | None = None) -> dict:
         "origin": f"scienceboard:GrassGIS/{stem}",
         "requires": "ScienceBoard's GRASS location(s) " + ", ".join(dict.fromkeys(locations))
                     + " (from its VM image): pass the GRASS database holding them with "
-                      "`coda import-scienceboard --grassdata DIR` or $CODA_GRASSDATA",
+                      "`coda import-scienceboard --option grassdata=DIR` or $CODA_GRASSDATA",
     }
     return task

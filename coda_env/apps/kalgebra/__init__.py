@@ -10,8 +10,9 @@ from pathlib import Path
 
 from ...registry import AppSpec, register_app
 from . import scienceboard
-from .adapter import SETUP_OPS, KAlgebra
+from .adapter import KAlgebra
 from .checks import CHECKS
+from .setup import SETUP_OPS
 
 
 def available() -> str | None:

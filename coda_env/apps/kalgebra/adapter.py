@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...a11y import A11yError, A11ySource, Node, table_text
+from ...a11y import A11yAdapter, A11yError, Node, table_text
 from ...actions import Action
 from ...backends.base import Desktop
-from ...registry import AppError, LaunchContext, SetupContext, SetupError, SetupOp
+from ...registry import AppError, LaunchContext
 
 TABS = ("Calculator", "2D Graph", "3D Graph", "Dictionary")
 _SKIP = frozenset({"menu bar", "combo box", "popup menu", "scroll bar", "web document"})
@@ -27,16 +27,16 @@ _INPUTS = frozenset({"text", "entry", "spin box"})
 _LISTED = _INPUTS | frozenset({"page tab", "push button", "toggle button", "check box", "radio button",
                                "tree item", "list item", "cell", "table cell", "column header", "menu item",
                                "label", "frame", "status bar", "page tab list"})
+A11Y_MAX_NODES = 600       # nodes the a11y_tree observation reads at most
 STATE_PATIENCE = 30.0  # seconds a running but busy KAlgebra may take to answer a state read  # the tabs' states say which is current; their extents are pressed
 
 
-class KAlgebra:
+class KAlgebra(A11yAdapter):
     name = "kalgebra"
     wm_class = "kalgebra"
     binary = "kalgebra"
 
     def __init__(self) -> None:
-        self._a11y: A11ySource | None = None
         self._proc: subprocess.Popen | None = None
         self._found_on: Desktop | None = None   # the desktop where `kalgebra` was found (asked once)
 
@@ -69,19 +69,6 @@ class KAlgebra:
         self._proc = desktop.spawn([self.binary], env=env, cwd=str(home), log=str(home / "kalgebra.log"))
         return self._proc
 
-    def close(self) -> None:
-        if self._a11y is not None:
-            try:
-                self._a11y.close()
-            except Exception:
-                pass
-        self._a11y = None
-
-    def _client(self, desktop: Desktop) -> A11ySource:
-        if self._a11y is None:
-            self._a11y = desktop.a11y()
-        return self._a11y
-
     def _tree(self, desktop: Desktop, texts: bool, skip: frozenset[str] = _STATE_SKIP) -> Node | None:
         return self._client(desktop).app_tree(self.name, skip_roles=skip, texts=texts, details_roles=_DETAILS)
 
@@ -102,14 +89,17 @@ class KAlgebra:
         """The elements on screen as an a11y table (coda_env.a11y.table_text: role, name, text, box, states):
         showing, of positive size, named or holding text or an input; in tree order. Lists (the Dictionary's
         285 operators) are skipped, as state reads skip them."""
-        tree = self.tree(desktop, _STATE_SKIP, details=_LISTED)
-        rows = []
-        for n in tree.walk():
-            if n.role not in _LISTED or not n.extents or n.extents[2] <= 0 or n.extents[3] <= 0:
-                continue
-            if "showing" not in (n.states or ()) or not (n.name or n.text or n.role in _INPUTS):
-                continue
-            rows.append((n.role, n.name, n.text or "", n.extents, n.states or ()))
+        if self._proc is not None and self._proc.poll() is not None:
+            raise AppError(f"kalgebra is not running (exit code {self._proc.returncode})")
+        try:  # only what shows is read (closed tabs and menus never are): a few requests a level
+            found = self._client(desktop).showing_rows(self.name, A11Y_MAX_NODES, text_roles=_LISTED,
+                                                       skip_roles=_STATE_SKIP, text_limit=-1)
+        except A11yError as e:
+            raise AppError(f"cannot read KAlgebra's state: {e}") from None
+        if found is None:
+            raise AppError("kalgebra is not on the accessibility bus (did it crash?)")
+        rows = [(role, name, text or "", ext, states) for _, role, name, text, ext, states in found
+                if role in _LISTED and (name or text or role in _INPUTS)]
         return table_text(rows)
 
     def tree(self, desktop: Desktop, skip_roles: frozenset[str] = _SKIP, details: frozenset[str] = _DETAILS) -> Node:
@@ -228,37 +218,3 @@ class KAlgebra:
             if time.monotonic() > deadline:
                 raise AppError(f"KAlgebra did not switch to the {name!r} tab")
             time.sleep(0.01)
-
-
-
-def _run(ctx: SetupContext, op: dict) -> None:
-    ctx.app.run_op(ctx.desktop, op)
-
-
-def _expr_validate(op: dict) -> None:
-    from ...actions import ActionError, parse_action
-    expr = op.get("expr")
-    if not isinstance(expr, str) or not expr.strip() or len(expr) > 500:
-        raise SetupError("'expr' must be a non-empty string of at most 500 characters")
-    try:  # it is typed through the keyboard, so it must be typeable
-        parse_action(f"pyautogui.write({expr!r})")
-    except ActionError as e:
-        raise SetupError(f"'expr' cannot be typed: {e}") from None
-
-
-def _tab_validate(op: dict) -> None:
-    if ("index" in op) == ("name" in op):
-        raise SetupError("'tab' needs exactly one of index or name")
-    if "index" in op and op["index"] not in range(len(TABS)) or isinstance(op.get("index"), bool):
-        raise SetupError(f"'index' must be 0..{len(TABS) - 1}")
-    if "name" in op and op["name"] not in TABS:
-        raise SetupError(f"'name' must be one of {TABS}")
-
-
-_EXPR = (frozenset({"expr"}), frozenset())
-SETUP_OPS = [
-    SetupOp("tab", _run, _tab_validate, (frozenset(), frozenset({"index", "name"}))),
-    SetupOp("console", _run, _expr_validate, _EXPR),
-    SetupOp("func_2d", _run, _expr_validate, _EXPR),
-    SetupOp("func_3d", _run, _expr_validate, _EXPR),
-]

@@ -146,9 +146,9 @@ def _eqn(c, ctx):
 
 
 CHECKS = [
-    CheckType("var", _var, _var_validate, (frozenset({"name"}), frozenset({"value", "absent"}))),
-    CheckType("val", _val, _val_validate, (frozenset({"name", "value"}), frozenset({"tol"}))),
-    CheckType("eqn", _eqn, _eqn_validate, (frozenset(), frozenset({"dim", "points", "count", "tol"}))),
+    CheckType("var", _var, _var_validate, required={"name"}, optional={"value", "absent"}),
+    CheckType("val", _val, _val_validate, required={"name", "value"}, optional={"tol"}),
+    CheckType("eqn", _eqn, _eqn_validate, optional={"dim", "points", "count", "tol"}),
 ]
 
 

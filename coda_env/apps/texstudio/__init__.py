@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 from ...registry import AppSpec, register_app
-
 from . import scienceboard
 from .adapter import TeXstudio
 from .checks import CHECKS
+from .setup import SETUP_OPS
 
 
 def available() -> str | None:
@@ -27,6 +27,7 @@ SPEC = register_app(AppSpec(
     env_id="coda/TeXstudio-v0",
     adapter=TeXstudio,
     checks=CHECKS,
+    setup_ops=SETUP_OPS,
     task_dir=Path(__file__).parent / "tasks",
     available=available,
     scienceboard=scienceboard,

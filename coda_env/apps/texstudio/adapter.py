@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...a11y import A11yError, Node
+from ...a11y import A11yAdapter, A11yError, Node
+from ...backends.base import Desktop
 from ...registry import AppError, LaunchContext
 
 WORKDIR = "atelier"          # the task files' folder inside home (ScienceBoard's /home/user/atelier)
@@ -66,20 +67,15 @@ _STATE_SKIP = frozenset({"menu bar", "popup menu", "list", "scroll bar", "tool b
 _PANE_TABS = frozenset({"Messages", "Log", "Preview", "Terminal", "Search Results"})
 _COMPLETER_TABS = frozenset({"typical", "most used", "fuzzy", "all"})
 _TEXT_ROLES = frozenset({"text", "entry", "spin box", "label", "terminal"})
-_ACC = "org.a11y.atspi.Accessible"
-_PROPS = "org.freedesktop.DBus.Properties"
-_SHOWING = 1 << 25
-_VISIBLE = 1 << 30
 
 
-class TeXstudio:
+class TeXstudio(A11yAdapter):
     name = "texstudio"
     wm_class = "TeXstudio"
     binary = "texstudio"
     a11y_name = "TeXstudio"
 
     def __init__(self) -> None:
-        self._a11y = None
         self._proc: subprocess.Popen | None = None
         self.home: str | None = None
         self.workdir: str | None = None
@@ -115,7 +111,7 @@ class TeXstudio:
         self._proc = desktop.spawn(argv, env=env, cwd=self.workdir, log=str(home / "texstudio.log"))
         return self._proc
 
-    def _stable_paths(self, desktop, home: Path) -> list[str]:
+    def _stable_paths(self, desktop: Desktop, home: Path) -> list[str]:
         """The files as TeXstudio is given them. Its title bar shows the file's full path, and home is a fresh
         random folder per reset; through a link of fixed name in the desktop's own folder (which goes with the
         desktop) the title, and so the screen, is the same for every reset of one task."""
@@ -129,19 +125,6 @@ class TeXstudio:
         self.shown_root = link
         return [os.path.join(link, os.path.relpath(f, home)) for f in self.files]
 
-    def close(self) -> None:
-        if self._a11y is not None:
-            try:
-                self._a11y.close()
-            except Exception:
-                pass
-        self._a11y = None
-
-    def _client(self, desktop):
-        if self._a11y is None:
-            self._a11y = desktop.a11y()
-        return self._a11y
-
     def _shown(self, path: str) -> str:
         root = self.shown_root
         return os.path.join(root, os.path.relpath(path, self.home)) if root and self.home else path
@@ -150,7 +133,7 @@ class TeXstudio:
         if self._proc is not None and self._proc.poll() is not None:
             raise AppError(f"texstudio is not running (exit code {self._proc.returncode})")
 
-    def ready(self, desktop) -> bool:
+    def ready(self, desktop: Desktop) -> bool:
         """The main window is mapped and titled with the file shown last (TeXstudio shows the last file it
         was given); a second TeXstudio window at start is a dialog, which is an error, not a wait."""
         self._alive()
@@ -200,7 +183,7 @@ class TeXstudio:
                 out.extend(tabs)
         return out
 
-    def _files(self, desktop) -> dict[str, dict[str, Any]]:
+    def _files(self, desktop: Desktop) -> dict[str, dict[str, Any]]:
         """{home-relative path: {"size", "text"?}} of the working folder (and the opened files' folders),
         listed through the desktop so it works where the app runs."""
         roots = sorted({self.workdir, *(os.path.dirname(f) for f in self.files)} - {None})
@@ -224,7 +207,7 @@ class TeXstudio:
                 out[key] = info
         return out
 
-    def _wait_build(self, desktop, timeout: float = BUILD_WAIT) -> bool:
+    def _wait_build(self, desktop: Desktop, timeout: float = BUILD_WAIT) -> bool:
         """If a build the agent started is still running (a TeX tool is a child of TeXstudio), wait for it to
         end, as a person would before judging: a check must not race the build's output files."""
         if self._proc is None:
@@ -239,7 +222,7 @@ class TeXstudio:
             time.sleep(pause)
             pause = min(pause * 2, 0.2)
 
-    def _descendants(self, desktop) -> set[str]:
+    def _descendants(self, desktop: Desktop) -> set[str]:
         """The names of the processes below TeXstudio's (a sealed app runs a few levels down, under bwrap)."""
         r = desktop.run(["ps", "-e", "-o", "pid=,ppid=,comm="], timeout=10)
         kids: dict[int, list[tuple[int, str]]] = {}
@@ -254,7 +237,7 @@ class TeXstudio:
                 todo.append(pid)
         return names
 
-    def _read_tree(self, desktop) -> Node:
+    def _read_tree(self, desktop: Desktop) -> Node:
         try:
             tree = self._client(desktop).app_tree(self.a11y_name, skip_roles=_STATE_SKIP, texts=True)
         except A11yError as e:
@@ -263,7 +246,7 @@ class TeXstudio:
             raise AppError("texstudio is not on the accessibility bus (did it crash?)")
         return tree
 
-    def state(self, desktop) -> dict[str, Any]:
+    def state(self, desktop: Desktop) -> dict[str, Any]:
         """{"files": {rel: {"size", "text"}}, "pdf": {rel: size}, "tabs": [...], "current_tab",
         "messages", "log", "log_entries": [[file, type, line, message]], "pdf_page", "title"}."""
         self._alive()
@@ -317,21 +300,21 @@ class TeXstudio:
                 gui["pdf_page"], gui["pdf_pages"] = int(m.group(1)), int(m.group(2))
 
     # ------------------------------------------------------------------------------ a11y_text
-    def a11y_text(self, desktop) -> str:
+    def a11y_text(self, desktop: Desktop) -> str:
         """One line per SHOWING element: role, name, text, box. Read a level at a time; subtrees whose root
-        is not showing (closed menus, hidden docks, other tabs) are never read; at most A11Y_MAX_NODES."""
+        is not showing (closed menus, hidden docks, other tabs) are never read; at most A11Y_MAX_NODES. Only
+        the A11ySource protocol: the same on this machine's bus and through a VM guest's reader."""
         self._alive()
         client = self._client(desktop)
         try:
-            app = client.application(self.a11y_name)
-            if app is None:
-                raise AppError("texstudio is not on the accessibility bus (did it crash?)")
-            rows = _visible_rows(client, app)
+            rows = client.showing_rows(self.a11y_name, A11Y_MAX_NODES, _TEXT_ROLES, _BORING)
         except A11yError as e:
             raise AppError(f"cannot read TeXstudio's accessibility tree: {e}") from None
+        if rows is None:
+            raise AppError("texstudio is not on the accessibility bus (did it crash?)")
         rows.sort(key=lambda r: (r[4][1], r[4][0]) if r[4] else (1 << 30, 0))  # reading order on screen
         out, size = ["role\tname\ttext\tx,y,w,h"], 0
-        for depth, role, name, text, ext in rows:
+        for depth, role, name, text, ext, _states in rows:
             line = f"{role}\t{name[:80]}\t{(text or '')[:200]!r}\t" + ",".join(map(str, ext or ()))
             size += len(line) + 1
             if size > A11Y_MAX_CHARS:
@@ -342,51 +325,3 @@ class TeXstudio:
 
 
 _BORING = frozenset({"filler", "layered pane", "splitter", "grip", "scroll bar", "panel", "separator"})
-
-
-def _visible_rows(client, app: Node) -> list[tuple]:
-    """(depth, role, name, text, extents) of the showing nodes under `app`, breadth-first with each level's
-    requests pipelined (A11yClient's batch call); unnamed containers are walked through, not listed."""
-    many = client._many  # the local backend's pipelined reader (a remote reader has no such call)
-    rows: list[tuple] = []
-    level = [(app, -1)]
-    count = 0
-    while level and count < A11Y_MAX_NODES:
-        res = many([(n.bus, n.path, _ACC, "GetChildren", None, ()) for n, _ in level])
-        kids: list[tuple[Node, int]] = []
-        for (n, depth), body in zip(level, res):
-            for b, p in (body[0] if body else []):
-                kids.append((Node(b, p), depth + 1))
-        if not kids:
-            break
-        kids = kids[: 4 * A11Y_MAX_NODES]
-        calls = []
-        for n, _ in kids:
-            calls += [(n.bus, n.path, _ACC, "GetRoleName", None, ()),
-                      (n.bus, n.path, _PROPS, "Get", "ss", (_ACC, "Name")),
-                      (n.bus, n.path, _ACC, "GetState", None, ())]
-        res = many(calls)
-        shown: list[tuple[Node, int]] = []
-        for i, (n, depth) in enumerate(kids):
-            role, name, st = res[3 * i], res[3 * i + 1], res[3 * i + 2]
-            n.role = role[0] if role else ""
-            n.name = name[0][1] if name else ""
-            bits = st[0][0] if st else 0
-            if bits & _SHOWING and bits & _VISIBLE and n.role != "scroll bar":
-                shown.append((n, depth))
-        shown = shown[: A11Y_MAX_NODES - count]
-        count += len(shown)
-        listed = [(n, d) for n, d in shown if n.name or n.role not in _BORING]
-        calls = [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,)) for n, _ in listed]
-        calls += [(n.bus, n.path, "org.a11y.atspi.Text", "GetText", "ii", (0, 2000))
-                  for n, _ in listed if n.role in _TEXT_ROLES]
-        res = many(calls) if calls else []
-        ext = res[: len(listed)]
-        texts = iter(res[len(listed):])
-        for (n, d), e in zip(listed, ext):
-            text = next(texts) if n.role in _TEXT_ROLES else None
-            if not e or e[0][2] <= 0 or e[0][3] <= 0:  # no box on screen (a stale or collapsed widget)
-                continue
-            rows.append((d, n.role, n.name, text[0] if text else None, tuple(e[0]) if e else None))
-        level = shown
-    return rows

@@ -226,8 +226,8 @@ def _read(d, path: str) -> bytes:
 
 CHECKS = (
     CheckType("compile", _run_compile, _validate_compile,
-              (frozenset({"path"}), frozenset({"file", "timeout", "min_pages", "contains", "bibtex"}))),
-    CheckType("tex_file", _run_file, _validate_file, (frozenset({"path", "replacements"}), frozenset())),
+              required={"path"}, optional={"file", "timeout", "min_pages", "contains", "bibtex"}),
+    CheckType("tex_file", _run_file, _validate_file, required={"path", "replacements"}),
 )
 
 __all__ = ["CHECKS", "normalize", "initial_text"]

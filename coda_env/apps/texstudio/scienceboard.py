@@ -96,7 +96,7 @@ def _placeholder_pdf() -> str:
 def _check(item: dict, where: str) -> dict:
     kind = item.get("type")
     if "pred" in item:  # a predicate over the app's state: translated, never evaluated as Python
-        from ...checks import translate_lambda
+        from ...predicate import translate_lambda
         return {"type": "predicate", "expr": translate_lambda(item["pred"])}
     if kind == "file":
         if not all(isinstance(item.get(k), str) for k in ("source", "target")):

@@ -50,7 +50,7 @@ __all__ = [  # what `from coda_env.backends.libvirt import ...` offers (and the 
     "GuestProcess", "GuestServerError", "HttpProcess", "Keys", "LibvirtConfig", "LibvirtConnectError",
     "LibvirtDesktop", "LibvirtMissingError", "OSWorldGuest", "Step", "Window", "check_http_path",
     "decode_screenshot", "destroy_domain", "host_files_are_local", "is_local_uri", "key_chord", "parse_wmctrl",
-    "plan_input", "reader_argv", "_image_size", "_start_watchdog",
+    "make_desktop", "plan_input", "reader_argv", "_image_size", "_start_watchdog",
 ]
 
 
@@ -88,3 +88,8 @@ class LibvirtDesktop(DomainMixin, GuestMixin, InputMixin, ScreenMixin):
         """Seconds of the last start()/reset() phases: boot (define + create), agent (to the first
         guest-ping) and desktop (to ready_command passing), both counted from the domain running; snapshot
         (saving it), revert (reset's, through the agent answering again)."""
+
+
+def make_desktop(width: int, height: int, sandbox: bool = True, **options) -> "LibvirtDesktop":
+    """The backends table's entry point; `sandbox` changes nothing: the VM is the sandbox."""
+    return LibvirtDesktop(LibvirtConfig(width=width, height=height, **options))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import a11y as a11y_module
 from ...a11y import A11yError, Node
-from ..base import DesktopError, PolledProcess, Window, backoff
+from ..base import DesktopError, PolledProcess, Window, backoff, poll_until
 from .config import GUEST_PYTHON, DomainBootError, GuestAgentError, GuestHttpError, _code
 from .guest_http import OSWorldGuest
 
@@ -145,6 +145,11 @@ class GuestA11y:
             args += ["--details", role]
         if texts:
             args.append("--texts")
+        data = self._read(args, name)
+        return Node.from_dict(data) if data is not None else None
+
+    def _read(self, args: list[str], name: str) -> Any:
+        """Run the reader (sent whole with the call) in the guest; its JSON answer (a tree, or rows)."""
         try:
             p = self.desktop.run(reader_argv(self.python, A11Y_SOURCE, args), timeout=self.timeout)
         except FileNotFoundError:
@@ -157,10 +162,25 @@ class GuestA11y:
             raise A11yError(f"the guest's a11y reader failed (exit {p.returncode}): "
                             f"{p.stderr.decode(errors='replace').strip()[-400:]}")
         try:
-            data = json.loads(p.stdout)
+            return json.loads(p.stdout)
         except ValueError as e:
-            raise A11yError(f"the guest's a11y reader printed no JSON tree ({e})") from None
-        return Node.from_dict(data) if data is not None else None
+            what = "tree" if args[0] == "tree" else "rows"
+            raise A11yError(f"the guest's a11y reader printed no JSON {what} ({e})") from None
+
+    def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
+                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
+                     text_limit: int = 2000) -> list[tuple] | None:
+        """The guest's reader's `showing` command (a11y.py, sent with the call)."""
+        args = ["showing", self.address, name, "--max", str(int(max_nodes)), "--text-limit", str(int(text_limit))]
+        for flag, roles in (("--text", text_roles), ("--unlisted", unlisted), ("--skip", skip_roles)):
+            for role in sorted(roles):
+                args += [flag, role]
+        data = self._read(args, name)
+        if data is None:
+            return None
+        return [(int(d), str(r), str(n), t if isinstance(t, str) else None,
+                 tuple(int(v) for v in e) if e else None, [str(x) for x in st])
+                for d, r, n, t, e, st in data]
 
     def states(self, node: Node) -> set[str]:
         if node.states is None:
@@ -183,20 +203,21 @@ class GuestMixin:
     def _wait_guest(self, deadline: float) -> None:
         if self.config.guest == "agent":
             return self._wait_agent(deadline)
-        for pause in backoff(0.2, 2.0):
+
+        def answered() -> bool | None:
             self._boot_failed()
             if self._http is None:
                 url = self.config.guest_url or self._lease_url()
                 self._http = OSWorldGuest(url, self.config.agent_timeout) if url else None
-            if self._http is not None and self._http.ping():
-                return
-            if time.monotonic() + pause > deadline:
-                where = self._http.url if self._http else "no DHCP lease of the domain yet"
-                raise GuestAgentError(
-                    f"the HTTP server in {self.name} did not answer ({where}): the image must run an "
-                    f"OSWorld-style server on port {self.config.guest_port}, and the domain XML needs a network "
-                    f"interface (vm_images/scienceboard.xml.in) or pass guest_url")
-            time.sleep(pause)
+            return True if self._http is not None and self._http.ping() else None
+
+        def timeout() -> Exception:
+            where = self._http.url if self._http else "no DHCP lease of the domain yet"
+            return GuestAgentError(
+                f"the HTTP server in {self.name} did not answer ({where}): the image must run an "
+                f"OSWorld-style server on port {self.config.guest_port}, and the domain XML needs a network "
+                f"interface (vm_images/scienceboard.xml.in) or pass guest_url")
+        poll_until(deadline, answered, timeout, 0.2, 2.0)
 
     def _lease_url(self) -> str | None:
         try:
@@ -212,21 +233,25 @@ class GuestMixin:
     def _wait_agent(self, deadline: float) -> None:
         """Poll guest-ping until the agent answers; fail fast when this driver has no agent at all."""
         lv = self._lv
-        for pause in backoff(0.1, 2.0):
+        last: list[Exception] = []
+
+        def answered() -> bool | None:
             self._boot_failed()
             try:
                 self._agent("guest-ping", timeout=5)
-                return
+                return True
             except GuestAgentError as e:
                 if e.__cause__ is not None and _code(e.__cause__) == lv.VIR_ERR_NO_SUPPORT:
                     raise
-                last = e
-            if time.monotonic() + pause > deadline:
-                raise GuestAgentError(
-                    f"the QEMU guest agent in {self.name} did not answer within "
-                    f"{self.config.boot_timeout:.0f}s ({last}): install and enable qemu-guest-agent in the "
-                    f"image and keep the org.qemu.guest_agent.0 channel in the domain XML") from None
-            time.sleep(pause)
+                last[:] = [e]
+                return None
+
+        def timeout() -> Exception:
+            return GuestAgentError(
+                f"the QEMU guest agent in {self.name} did not answer within "
+                f"{self.config.boot_timeout:.0f}s ({last[0] if last else 'no answer'}): install and enable "
+                f"qemu-guest-agent in the image and keep the org.qemu.guest_agent.0 channel in the domain XML")
+        poll_until(deadline, answered, timeout, 0.1, 2.0)
 
     def _prepare_a11y(self, deadline: float) -> None:
         """Run the a11y reader (`a11y.py apps`, sent with the call like every read) until the guest's AT-SPI

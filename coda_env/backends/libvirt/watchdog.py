@@ -4,12 +4,12 @@ through its own connection. The watchdog runs as `python -m coda_env.backends.li
 (this package's `__main__.py`)."""
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..watchdog import wait_for_parent_death
 from .config import _code, _libvirt
 
 
@@ -76,9 +76,7 @@ def _start_watchdog(uri: str, name: str, pool: str, volume: str,
 
 def _watchdog_main(uri: str, name: str, pool: str, volume: str) -> None:
     """Block on stdin; at EOF (the parent is gone) destroy the domain by name and delete its overlay."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for _ in sys.stdin.buffer:
+    for _ in wait_for_parent_death():
         pass
     try:
         libvirt, _ = _libvirt()

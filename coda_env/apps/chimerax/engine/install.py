@@ -5,7 +5,7 @@ Three fixes, each idempotent:
    which Python 3.10 removed; rewrite those imports to `collections.abc`.
 2. The wheel lacks `chimerax.core.nogui`, the text UI that `--nogui` imports: install ours (nogui.py here).
 3. The wheel lacks the per-bundle metadata the toolshed reads to register commands, selectors and formats:
-   write one `<bundle>.dist-info` per bundle from bundles.json (see gen_bundles.py), each listing the
+   write one `<bundle>.dist-info` per bundle from bundles.json (see tools/chimerax_gen_bundles.py), each listing the
    bundle's packages in RECORD so the toolshed can map modules to bundles.
 """
 from __future__ import annotations

@@ -1,18 +1,4 @@
-"""The local backend: a private X desktop on this machine.
-
-One `LocalDesktop` is one Xvfb (display number picked by Xvfb itself through `-displayfd`), a window manager
-(openbox, main windows maximized), a private D-Bus session with the AT-SPI accessibility bus, XTest input
-bound to that display only, and MIT-SHM screenshots into numpy (through `mss`).
-
-No orphans: every process carries a per-desktop token in its environment and lives in a process group we
-own; `stop()`, garbage collection, interpreter exit, and a watchdog process (which notices when its parent
-dies, however it dies, because its stdin pipe closes) all kill by group, sweep /proc for the token, and
-remove the desktop's temporary folder (the env makes the app homes inside it).
-
-Faults are reported, never hung on: every X call runs under a deadline (a frozen X server cuts the
-connection and raises DesktopError), `alive()` checks every part the desktop started, and the input it
-holds down (keys, buttons) is tracked so that `release_all()` leaves the next episode a clean keyboard.
-"""
+"""LocalDesktop: Xvfb + openbox + the desktop's buses, its apps sealed (sandbox.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import weakref
@@ -36,68 +21,16 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from ..actions import Action, ActionError
+from ...actions import ActionError
+from ..base import DesktopError, Window, make_temp_dir
 from . import sandbox as sb
-from .base import DesktopError, Window, make_temp_dir
+from .deadline import _Deadline, _xcb_socket
+from .processes import TOKEN_VAR, _cleanup, _proc_state, token_pids
+from .xinput import XInput
 
 if TYPE_CHECKING:
-    from ..a11y import A11yClient
+    from ...a11y import A11yClient
 
-TOKEN_VAR = "CODA_DESKTOP_TOKEN"
-
-# pyautogui key name -> X keysym (X11's keysymdef.h names; single printable characters map through their code
-# point). Keys of other platforms follow the X keysyms that Chromium's key tables pair them with. Names whose
-# key X has no keysym for at all are in NO_KEYSYM: pressing one is an ActionError, never a crash.
-_KEYSYM_NAMES = {
-    "enter": "Return", "tab": "Tab", "esc": "Escape", "backspace": "BackSpace", "delete": "Delete",
-    "space": "space", "up": "Up", "down": "Down", "left": "Left", "right": "Right", "home": "Home",
-    "end": "End", "pageup": "Prior", "pagedown": "Next", "insert": "Insert", "ctrl": "Control_L",
-    "ctrlleft": "Control_L", "ctrlright": "Control_R", "shift": "Shift_L", "shiftleft": "Shift_L",
-    "shiftright": "Shift_R", "alt": "Alt_L", "altleft": "Alt_L", "altright": "Alt_R", "option": "Alt_L",
-    "optionleft": "Alt_L", "optionright": "Alt_R", "win": "Super_L", "winleft": "Super_L",
-    "winright": "Super_R", "command": "Super_L", "super": "Super_L", "capslock": "Caps_Lock",
-    "numlock": "Num_Lock", "scrolllock": "Scroll_Lock", "printscreen": "Print", "prtsc": "Print",
-    "prtscr": "Print", "prntscrn": "Print", "print": "Print", "pause": "Pause", "apps": "Menu",
-    "menu": "Menu", "clear": "Clear", "help": "Help", "select": "Select", "execute": "Execute",
-    "add": "KP_Add", "subtract": "KP_Subtract", "multiply": "KP_Multiply", "divide": "KP_Divide",
-    "decimal": "KP_Decimal", "separator": "KP_Separator", "yen": "yen",
-    "convert": "Henkan_Mode", "nonconvert": "Muhenkan", "kana": "Hiragana_Katakana", "kanji": "Kanji",
-    "hangul": "Hangul", "hanguel": "Hangul", "hanja": "Hangul_Hanja", "junja": "Hangul_Jeonja",
-    "modechange": "Mode_switch",
-    "volumeup": "XF86_AudioRaiseVolume", "volumedown": "XF86_AudioLowerVolume", "volumemute": "XF86_AudioMute",
-    "playpause": "XF86_AudioPlay", "nexttrack": "XF86_AudioNext", "prevtrack": "XF86_AudioPrev",
-    "stop": "XF86_AudioStop", "browserback": "XF86_Back", "browserforward": "XF86_Forward",
-    "browserrefresh": "XF86_Refresh", "browserhome": "XF86_HomePage", "browsersearch": "XF86_Search",
-    "browserstop": "XF86_Stop", "browserfavorites": "XF86_Favorites", "launchmail": "XF86_Mail",
-    "launchmediaselect": "XF86_AudioMedia", "launchapp1": "XF86_MyComputer", "launchapp2": "XF86_Calculator",
-    "sleep": "XF86_Sleep", "fn": "XF86_WakeUp",
-}
-_KEYSYM_NAMES.update({f"f{i}": f"F{i}" for i in range(1, 25)})
-_KEYSYM_NAMES.update({f"num{i}": f"KP_{i}" for i in range(10)})
-# Windows' IME keys VK_ACCEPT and VK_FINAL: X has no keysym for either.
-NO_KEYSYM = frozenset({"accept", "final"})
-
-
-def _keysym_table() -> dict[str, int]:
-    from Xlib import XK
-    for group in ("xf86", "korean"):
-        XK.load_keysym_group(group)
-    table = {}
-    for key, name in _KEYSYM_NAMES.items():
-        ks = XK.string_to_keysym(name)
-        if not ks:
-            raise AssertionError(f"python-xlib knows no keysym {name} (for key {key!r})")
-        table[key] = ks
-    return table
-
-
-_KEYSYMS = _keysym_table()
-
-
-_BUTTONS = {"left": 1, "middle": 2, "right": 3}
-
-
-_BUTTON_NAMES = {v: k for k, v in _BUTTONS.items()}
 # The parts a desktop starts, by their key in `_procs`, and what an error calls them.
 _PARTS = (("xvfb", "the X server (Xvfb)"), ("wm", "the window manager (openbox)"),
           ("dbus", "the session bus (dbus-daemon)"), ("atspi", "the accessibility bus (its dbus-daemon)"))
@@ -127,6 +60,8 @@ A11Y_SERVICES = "/usr/share/dbus-1/accessibility-services"
 _OPENBOX_MENU = """<?xml version="1.0" encoding="UTF-8"?>
 <openbox_menu xmlns="http://openbox.org/3.4/menu"></openbox_menu>
 """
+
+
 
 
 @dataclass
@@ -162,177 +97,8 @@ def _openbox_rc(stock: str, menu: str, rules: str) -> str:
     return text.replace("</applications>", rules + "</applications>", 1)
 
 
-def _proc_has_token(pid: int, token: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return token in f.read()
-    except OSError:
-        return False
 
-
-def _proc_state(pid: int) -> str | None:
-    """The one-letter state of a process (R, S, T for stopped, Z for zombie), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def kill_everything(token: str, pgids: Sequence[int] = (), grace: float = 1.0) -> None:
-    """SIGTERM our process groups, wait up to `grace`, SIGKILL what remains, then sweep /proc by token."""
-    me = os.getpid()
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in pgids:
-            try:
-                os.killpg(g, sig)
-                if sig == signal.SIGTERM:  # a stopped (SIGSTOPed, frozen) process acts on SIGTERM only once continued
-                    os.killpg(g, signal.SIGCONT)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 0.5)
-        while time.monotonic() < deadline:
-            if not any(_group_alive(g) for g in pgids):
-                break
-            time.sleep(0.01)
-    needle = f"{TOKEN_VAR}={token}".encode()
-    for _ in range(3):  # a dying parent may fork once more; sweep until nothing carries the token
-        found = False
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != me and _proc_has_token(int(entry), needle):
-                found = True
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        if not found:
-            break
-        time.sleep(0.02)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # zombies still count for killpg; treat a group of zombies as dead
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] != b"Z":
-                    return True
-            except (OSError, IndexError, ValueError):
-                pass
-    return False
-
-
-def _cleanup(token: str, pgids: list[int], watchdog: subprocess.Popen | None, tmpdir: str | None,
-             display: int | None, deadline: "_Deadline | None" = None) -> None:
-    if deadline is not None:
-        deadline.close()
-    kill_everything(token, pgids)
-    if watchdog is not None and watchdog.poll() is None:
-        watchdog.kill()
-        watchdog.wait()
-    if display is not None:  # a SIGKILLed Xvfb leaves its lock behind
-        for p in (f"/tmp/.X{display}-lock", f"/tmp/.X11-unix/X{display}"):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-    if tmpdir:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-class _Deadline:
-    """Cuts a desktop's X connections when a call on them overruns, so that a frozen X server cannot hang us.
-
-    One thread sleeps until the armed deadline; a call that returns in time disarms it (a lock and a notify,
-    a few microseconds). Cutting is `shutdown()` on the connections' sockets: a read blocked on a silent
-    server returns at once, and python-xlib and XCB both report a closed connection."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._until: float | None = None
-        self._depth = 0
-        self._socks: list[socket.socket] = []
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self.expired = False
-
-    def attach(self, socks: list[socket.socket]) -> None:
-        with self._cond:
-            self._socks, self.expired, self._closed = socks, False, False
-
-    @contextlib.contextmanager
-    def arm(self, seconds: float) -> Iterator[None]:
-        with self._cond:
-            self._depth += 1
-            if self._depth == 1:  # nested calls run under the outermost deadline
-                self._until = time.monotonic() + seconds
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._run, name="coda-x-deadline", daemon=True)
-                    self._thread.start()
-                self._cond.notify()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._until = None
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._closed:
-                if self._until is None:
-                    self._cond.wait()
-                    continue
-                left = self._until - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self.expired, self._until = True, None
-                for s in self._socks:
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-            for s in self._socks:
-                try:
-                    s.close()
-                except OSError:
-                    pass
-            self._socks = []
-
-
-def _xcb_socket(shot) -> socket.socket | None:
-    """A duplicate of the socket of mss's XCB connection (shutting it down cuts mss's connection too)."""
-    import ctypes
-    import ctypes.util
-    conn = getattr(getattr(shot, "_impl", None), "conn", None)
-    lib = ctypes.util.find_library("xcb")
-    if conn is None or lib is None:
-        return None
-    xcb = ctypes.CDLL(lib)
-    xcb.xcb_get_file_descriptor.argtypes = [ctypes.c_void_p]
-    xcb.xcb_get_file_descriptor.restype = ctypes.c_int
-    addr = (ctypes.cast(conn, ctypes.c_void_p).value if isinstance(conn, ctypes._Pointer)
-            else ctypes.addressof(conn))
-    fd = xcb.xcb_get_file_descriptor(addr)
-    return socket.socket(fileno=os.dup(fd)) if fd >= 0 else None
-
-
-class LocalDesktop:
+class LocalDesktop(XInput):
     """A private X desktop (Xvfb + openbox + D-Bus/AT-SPI) driven through XTest and MIT-SHM."""
 
     capabilities = frozenset({"a11y"})
@@ -387,7 +153,7 @@ class LocalDesktop:
             [sys.executable, "-m", "coda_env.backends.local", "--watchdog", self.token, self._tmp],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, env={k: v for k, v in base_env.items() if k != TOKEN_VAR},
-            cwd=str(Path(__file__).resolve().parents[2]))
+            cwd=str(Path(__file__).resolve().parents[3]))
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, self._watchdog,
                                            self._tmp, None, self._deadline)
@@ -494,7 +260,7 @@ class LocalDesktop:
         root = self._xlib.screen().root
         root.change_property(self._xlib.intern_atom("AT_SPI_BUS"), Xatom.STRING, 8, a11y.encode())
         self._xlib.sync()
-        from ..a11y import A11yClient
+        from ...a11y import A11yClient
         while True:
             try:
                 # Activate the registry now: a toolkit that starts while registryd is still being
@@ -689,236 +455,10 @@ class LocalDesktop:
                 out.append(Window(int(wid), cls[1] or cls[0], str(title), -pos.x, -pos.y, g.width, g.height))
             return out
 
-    # ---------------------------------------------------------------- input
-    def pressed(self) -> dict[str, list[str]]:
-        """What input() holds down now: {"keys": key names, "buttons": button names} (keyDown/mouseDown)."""
-        return {"keys": sorted(set(self._held_keys.values())),
-                "buttons": sorted(_BUTTON_NAMES.get(b, str(b)) for b in self._held_buttons)}
-
-    def input(self, action: Action) -> None:
-        """Perform one action. An unknown key is an ActionError before anything is pressed; an action that
-        fails midway releases whatever it had pressed."""
-        self._check()
-        keys_before, buttons_before = set(self._held_keys), set(self._held_buttons)
-        extra = {"sleep": float(action.seconds), "drag": max(float(action.seconds), 0.06)}.get(action.kind, 0.0)
-        try:
-            with self._x(f"performing {action.kind}", extra):
-                self._perform(action)
-        except BaseException:
-            self._release(set(self._held_keys) - keys_before, self._held_buttons - buttons_before)
-            raise
-
-    def _perform(self, action: Action) -> None:
-        from Xlib import X
-        from Xlib.ext import xtest
-        d, k = self._xlib, action.kind
-        if k in ("press", "hotkey", "key_down", "key_up"):
-            for key in action.keys:  # fail before pressing anything
-                self._keysym(key)
-        if k != "drag" and (action.x is not None or action.y is not None):
-            self._move(action.x, action.y)
-        if k == "move":
-            pass
-        elif k == "click":
-            b = _BUTTONS[action.button]
-            for _ in range(action.clicks):
-                self._button(b, True)
-                self._button(b, False)
-        elif k == "mouse_down":
-            self._button(_BUTTONS[action.button], True)
-        elif k == "mouse_up":
-            self._button(_BUTTONS[action.button], False)
-        elif k == "drag":
-            self._drag(action)
-        elif k in ("scroll", "hscroll"):
-            up, down = (4, 5) if k == "scroll" else (7, 6)
-            b = up if action.amount > 0 else down
-            for _ in range(abs(action.amount)):
-                xtest.fake_input(d, X.ButtonPress, b)
-                xtest.fake_input(d, X.ButtonRelease, b)
-        elif k == "type":
-            for ch in action.text:
-                self._tap_char(ch)
-        elif k == "press":
-            for _ in range(action.presses):
-                for key in action.keys:
-                    self._key(key, True)
-                    self._key(key, False)
-        elif k == "hotkey":
-            for key in action.keys:
-                self._key(key, True)
-            for key in reversed(action.keys):
-                self._key(key, False)
-        elif k == "key_down":
-            for key in action.keys:
-                self._key(key, True)
-        elif k == "key_up":
-            for key in action.keys:
-                self._key(key, False)
-        elif k == "sleep":
-            d.sync()
-            time.sleep(action.seconds)  # the agent asked for this wait
-        elif k in ("wait", "done", "fail", "answer"):
-            pass
-        else:
-            raise ActionError(f"the local desktop cannot perform actions of kind {k!r}")
-        d.sync()
-
-    def _button(self, b: int, down: bool) -> None:
-        from Xlib import X
-        from Xlib.ext import xtest
-        xtest.fake_input(self._xlib, X.ButtonPress if down else X.ButtonRelease, b)
-        if down:
-            self._held_buttons.add(b)
-        else:
-            self._held_buttons.discard(b)
-
-    def _move(self, x: int | None, y: int | None) -> None:
-        from Xlib import X
-        from Xlib.ext import xtest
-        if x is None or y is None:
-            p = self._xlib.screen().root.query_pointer()
-            x = p.root_x if x is None else x
-            y = p.root_y if y is None else y
-        xtest.fake_input(self._xlib, X.MotionNotify, x=int(x), y=int(y))
-
-    def _drag(self, a: Action) -> None:
-        from Xlib import X
-        from Xlib.ext import xtest
-        d = self._xlib
-        p = d.screen().root.query_pointer()
-        x0, y0 = p.root_x, p.root_y
-        b = _BUTTONS[a.button]
-        self._button(b, True)
-        d.sync()
-        steps = 12  # toolkits start a drag only after several motion events
-        for i in range(1, steps + 1):
-            xtest.fake_input(d, X.MotionNotify, x=round(x0 + (a.x - x0) * i / steps),
-                             y=round(y0 + (a.y - y0) * i / steps))
-            d.sync()
-            time.sleep(max(a.seconds, 0.06) / steps)
-        self._button(b, False)
-
-    def _keycode(self, keysym: int) -> tuple[int, bool]:
-        """(keycode, needs shift) for a keysym. A keysym the keymap lacks is bound to a spare keycode (as
-        xdotool does) and stays bound; when every spare one is taken, the least recently used binding that is
-        not held down is replaced."""
-        d = self._xlib
-        kc = self._bound.get(keysym)
-        if kc is not None:
-            self._bound.move_to_end(keysym)
-            return kc, False
-        for kc, index in d.keysym_to_keycodes(keysym):
-            if index in (0, 1) and kc not in self._bound.values():
-                return kc, index == 1
-        used = set(self._bound.values())
-        free = [c for c in self._spare if c not in used]
-        if free:
-            kc = free[0]
-        else:
-            victim = next((ks for ks, c in self._bound.items() if c not in self._held_keys), None)
-            if victim is None:
-                raise ActionError(f"cannot type keysym {keysym:#x}: all {len(self._spare)} spare keycodes are "
-                                  f"bound to keys held down now")
-            kc = self._bound.pop(victim)
-        d.change_keyboard_mapping(kc, [(keysym, keysym)])
-        self._bound[keysym] = kc
-        return kc, False
-
-    def _keysym(self, key: str) -> int:
-        """The keysym of a key name; ActionError for a name X has no key for."""
-        if key in NO_KEYSYM:
-            raise ActionError(f"key {key!r} has no X keysym (it is a Windows IME key), so the local desktop "
-                              f"cannot press it")
-        ks = _KEYSYMS.get(key)
-        if ks is None and len(key) == 1:
-            cp = ord(key)
-            ks = cp if 0x20 <= cp <= 0xFF else 0x01000000 | cp  # Latin-1 keysyms are code points; others Unicode
-        if not ks:
-            raise ActionError(f"no X keysym for key {key!r}")
-        return ks
-
-    def _key(self, key: str, down: bool) -> None:
-        from Xlib import X
-        from Xlib.ext import xtest
-        kc, shift = self._keycode(self._keysym(key))
-        shift_kc = self._keycode(_KEYSYMS["shift"])[0] if shift else 0
-        if shift and down:
-            xtest.fake_input(self._xlib, X.KeyPress, shift_kc)
-        xtest.fake_input(self._xlib, X.KeyPress if down else X.KeyRelease, kc)
-        if down:
-            self._held_keys[kc] = key
-        else:
-            self._held_keys.pop(kc, None)
-        if shift and not down:
-            xtest.fake_input(self._xlib, X.KeyRelease, shift_kc)
-
-    def _tap_char(self, ch: str) -> None:
-        key = {"\n": "enter", "\t": "tab", " ": "space"}.get(ch, ch)
-        self._key(key, True)
-        self._key(key, False)
-
-    def _release(self, keys: set[int], buttons: set[int]) -> None:
-        """Release these keycodes and buttons (after a failed action); nothing to do on a dead connection."""
-        if not (keys or buttons) or self._broken or self._xlib is None:
-            self._held_keys = {k: v for k, v in self._held_keys.items() if k not in keys}
-            self._held_buttons -= buttons
-            return
-        from Xlib import X
-        from Xlib.ext import xtest
-        try:
-            with self._x("releasing the keys of a failed action"):
-                for kc in keys:
-                    xtest.fake_input(self._xlib, X.KeyRelease, kc)
-                for b in buttons:
-                    xtest.fake_input(self._xlib, X.ButtonRelease, b)
-                self._xlib.sync()
-        except DesktopError:
-            pass
-        self._held_keys = {k: v for k, v in self._held_keys.items() if k not in keys}
-        self._held_buttons -= buttons
-
-    def release_all(self) -> None:
-        """Release every key and button the X server has down and switch Caps/Num/Scroll Lock off, so that
-        the next episode starts from the same keyboard (the env calls this at episode end and on reset).
-        Asks the server, not only our bookkeeping: it also catches what a failed action left behind."""
-        from Xlib import X, XK
-        from Xlib.ext import xtest
-        if not self.alive():  # a dead or frozen desktop holds nothing: the next reset rebuilds it
-            self._held_keys.clear()
-            self._held_buttons.clear()
-            return
-        d = self._xlib
-        with self._x("releasing held keys and buttons"):
-            keymap = d.query_keymap()
-            for kc in range(8, 256):
-                if keymap[kc // 8] >> (kc % 8) & 1:
-                    xtest.fake_input(d, X.KeyRelease, kc)
-            mask = d.screen().root.query_pointer().mask
-            for b in range(1, 6):
-                if mask & (X.Button1Mask << (b - 1)):
-                    xtest.fake_input(d, X.ButtonRelease, b)
-            d.sync()
-            # A lock is on when its modifier is on with no key down: tap its key to switch it off.
-            mods = d.get_modifier_mapping()
-            state = d.screen().root.query_pointer().mask
-            for name in ("Caps_Lock", "Num_Lock", "Scroll_Lock"):
-                ks = XK.string_to_keysym(name)
-                codes = [kc for kc, _ in d.keysym_to_keycodes(ks)]
-                if not codes:
-                    continue
-                bit = next((1 << i for i, row in enumerate(mods) if codes[0] in row), 0)
-                if bit and state & bit:
-                    xtest.fake_input(d, X.KeyPress, codes[0])
-                    xtest.fake_input(d, X.KeyRelease, codes[0])
-            d.sync()
-        self._held_keys.clear()
-        self._held_buttons.clear()
-
     # ---------------------------------------------------------------- processes and files
     def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
               log: str | None = None) -> subprocess.Popen:
-        """Start an app. Sealed (the default; see backends/sandbox.py): its HOME, which must be a folder in
+        """Start an app. Sealed (the default; see sandbox.py): its HOME, which must be a folder in
         this desktop's folder, is the only place it can write, and it sees nothing else of this machine."""
         self._check()
         out = open(log, "ab") if log else subprocess.DEVNULL
@@ -1008,7 +548,7 @@ class LocalDesktop:
 
     def a11y(self) -> "A11yClient":
         """A connection to this desktop's AT-SPI bus (the caller closes it)."""
-        from ..a11y import A11yClient
+        from ...a11y import A11yClient
         address = self.env.get("AT_SPI_BUS_ADDRESS")
         if not address:
             raise DesktopError("this desktop is not started: it has no accessibility bus yet")
@@ -1016,6 +556,12 @@ class LocalDesktop:
 
     def read_file(self, path: str) -> bytes:
         return Path(path).read_bytes()
+
+    def checkpoint(self, name: str) -> None:
+        raise DesktopError("the local desktop has no snapshots (the capability 'snapshots' is a VM's)")
+
+    def reset(self) -> None:
+        raise DesktopError("the local desktop has no snapshots (the capability 'snapshots' is a VM's)")
 
     def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
         """GET http://127.0.0.1:port/path (an app's own server on this machine). A sealed app has a network
@@ -1063,71 +609,8 @@ class LocalDesktop:
         return token_pids(self.token)
 
 
-def token_pids(token: str) -> list[int]:
-    """The processes (zombies included) that carry a desktop's token: what tests and benchmarks measure."""
-    needle = f"{TOKEN_VAR}={token}".encode()
-    return [int(e) for e in os.listdir("/proc") if e.isdigit() and _proc_has_token(int(e), needle)]
-
-
-def _wait_for_name(address: str, name: str, owner: subprocess.Popen, deadline: float) -> None:
-    """Poll the bus at `address` until `name` has an owner (NameHasOwner activates nothing)."""
-    from jeepney import DBusAddress, new_method_call
-    from jeepney.io.blocking import open_dbus_connection
-    bus = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus", interface="org.freedesktop.DBus")
-    try:
-        conn = open_dbus_connection(address, auth_timeout=max(0.1, deadline - time.monotonic()))
-    except (OSError, TimeoutError) as e:
-        raise DesktopError(f"cannot reach this desktop's session bus: {e}") from None
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                reply = conn.send_and_get_reply(new_method_call(bus, "NameHasOwner", "s", (name,)),
-                                                timeout=max(0.1, left))
-            except (OSError, TimeoutError) as e:
-                raise DesktopError(f"this desktop's session bus did not answer: {e}") from None
-            if reply.body and reply.body[0] is True:
-                return
-            if owner.poll() is not None:
-                raise DesktopError(f"{owner.args[0]} exited at start (code {owner.returncode})")
-            if left <= 0:
-                raise DesktopError(f"nothing took the name {name} on this desktop's session bus in time")
-            time.sleep(0.005)
-    finally:
-        conn.close()
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
 
 def _disk_error(folder: str, e: OSError) -> str:
     return (f"cannot write the desktop's files in {folder} ({e.strerror or e}): set TMPDIR to a writable "
             f"folder with free space")
 
-
-def _watchdog_main(token: str, tmpdir: str) -> None:
-    """Block on stdin; when the parent is gone (EOF), kill everything that carries the token and remove the
-    desktop's folder."""
-    display = None
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    for line in sys.stdin.buffer:
-        if line.strip().isdigit():
-            display = int(line.strip())
-    pgids = []
-    needle = f"{TOKEN_VAR}={token}".encode()
-    for e in os.listdir("/proc"):
-        if e.isdigit() and _proc_has_token(int(e), needle):
-            try:
-                pgids.append(os.getpgid(int(e)))
-            except ProcessLookupError:
-                pass
-    _cleanup(token, sorted(set(pgids)), None, tmpdir, display)
-
-
-if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--watchdog":
-    _watchdog_main(sys.argv[2], sys.argv[3])

@@ -1,9 +1,10 @@
 """Writes tasks/*.json: this package's own TeXstudio tasks, each with an oracle solution that works through
 the GUI (cursor keys, selection, typing, shortcuts such as ctrl+b, ctrl+tab, ctrl+s, F5). Run it after editing
-a task here: `python -m coda_env.apps.texstudio.make_tasks`; with `--scienceboard SB/tasks/VM/TeXstudio` it
+a task here: `python tools/texstudio_make_tasks.py`; with `--scienceboard SB/tasks/VM/TeXstudio` it
 writes scienceboard_oracles.json instead."""
 import json, os, sys
-OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks")
+APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "coda_env", "apps", "texstudio")
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(APP, "tasks")
 
 def W(t): return ("TYPE", t)
 def K(*k): return "pyautogui.hotkey(" + ", ".join(repr(x) for x in k) + ")"
@@ -343,7 +344,7 @@ SB_ANSWERS = {"D-01": "ANS 13", "D-02": "ANS 52"}
 def scienceboard_oracles(folder: str) -> dict:
     """Oracles of ScienceBoard's TeXstudio files, by stem, computed on the texts their translation writes."""
     import glob
-    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
     from coda_env.apps.texstudio import scienceboard as sb
     out = {}
     for f in sorted(glob.glob(os.path.join(folder, "*.json"))):
@@ -364,7 +365,7 @@ def scienceboard_oracles(folder: str) -> dict:
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--scienceboard":  # python make_tasks.py --scienceboard DIR
-        dest = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scienceboard_oracles.json")
+        dest = os.path.join(APP, "scienceboard_oracles.json")
         with open(dest, "w") as f:
             json.dump(scienceboard_oracles(sys.argv[2]), f, indent=1)
             f.write("\n")

@@ -6,7 +6,7 @@ command is judged by what ChimeraX will run, not by how it is spelled.
 Run inside coda's ChimeraX engine (`make chimerax-engine`), from the repository root:
 
     .chimerax-engine/bin/chimerax-engine --exit --script \
-        "coda_env/apps/chimerax/engine/gen_commands.py coda_env/apps/chimerax/commands.json"
+        "tools/chimerax_gen_commands.py coda_env/apps/chimerax/commands.json"
 
 The engine lacks a few bundles (engine/README.md); the commands of those that the task whitelist uses are
 added from ChimeraX's source at v1.7.1 (EXTRA below). Names of commands the engine does not have are taken
@@ -48,7 +48,7 @@ def main(out: str) -> None:
             walk(sub, name)
 
     walk(cli._command_info.commands, "")
-    declared = json.loads(Path(__file__).with_name("bundles.json").read_text())
+    declared = json.loads((Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "engine" / "bundles.json").read_text())
     for bundle in declared["bundles"]:
         for c in bundle.get("classifiers", []):
             parts = [p.strip() for p in c.split("::")]
@@ -78,4 +78,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__" or "chimerax" in sys.modules:
-    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parent.parent / "commands.json"))
+    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "commands.json"))

@@ -2,7 +2,7 @@
 
 Proteins are built from internal coordinates (bond length, angle, dihedral; the NeRF construction) with
 textbook values: an alpha helix (phi -57, psi -47) or a strand (phi -120, psi 130). Ligand and waters are
-placed by hand. Run `python make_structures.py` to rewrite the .pdb files next to it; the tests check that
+placed by hand. Run `python tools/chimerax_make_structures.py` to rewrite the .pdb files in coda_env/apps/chimerax/data/; the tests check that
 the shipped files are what this script writes.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "data"   # where the .pdb files go
 
 # side chains: (atom, element, (ref1, ref2, ref3), bond, angle, dihedral); dihedral "chi" values are fixed
 SIDE = {

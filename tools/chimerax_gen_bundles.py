@@ -8,7 +8,7 @@ tag and writes the facts as JSON, one record per bundle:
     {"name", "version", "module", "synopsis", "requires": [dist names], "classifiers": ["ChimeraX :: ..."]}
 install.py turns the records into one .dist-info folder per bundle inside the engine's venv.
 
-Usage: python gen_bundles.py /path/to/ChimeraX.git v1.7.1 > bundles.json
+Usage: python tools/chimerax_gen_bundles.py /path/to/ChimeraX.git v1.7.1 > coda_env/apps/chimerax/engine/bundles.json
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 import xml.etree.ElementTree as ET
+
+import tomllib
 
 
 def _git(repo: str, *args: str) -> str:

@@ -1,6 +1,6 @@
 """Latency of one coda/TeXstudio-v0 env on the local backend: reset, step, a11y_text, state, the compile check.
 
-Usage: python -m coda_env.apps.texstudio.bench [--resets 10] [--steps 30] [--task insert_itemize]
+Usage: python benchmarks/texstudio_latency.py [--resets 10] [--steps 30] [--task insert_itemize]
 Steps alternate a cursor key, typing a word and a click in the editor (each: the action, waiting for the
 screen to settle, the screenshot). Prints p50/p95 in milliseconds and the machine's load average, since
 on a shared machine the figures move with it.
