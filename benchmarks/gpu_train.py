@@ -14,8 +14,13 @@ A random planner writes no plan that parses, so the real reward (the executor's 
 label) is 0 for every sample and gives GRPO no signal; a SYNTHETIC reward (the mean token id of a completion) is added so that advantages are non-zero and the update path (LoRA gradients, the optimizer)
 really runs. Without --data the states are SYNTHETIC too (random screens), named as such in the output.
 
-What the GPU machine needs: torch with CUDA, transformers, accelerate, peft, and the pure-Python wheels of trl and
-datasets (each well under 64 MiB) with datasets' own dependencies; the project itself (this checkout).
+What the GPU machine needs: torch with CUDA, transformers, accelerate, peft, the pure-Python wheels of trl 1.16
+(0.9 MB) and datasets (0.6 MB), and datasets' own dependencies where it lacks them (pyarrow, pandas, xxhash,
+dill, multiprocess, fsspec); the project itself (this checkout); and the states: build them here with
+`coda data states oracle --env coda/KAlgebra-v0 --out runs/states-kalgebra` (150 states, 17 MB) and bring that
+folder. Run it as `python benchmarks/gpu_train.py --data runs/states-kalgebra`: with the defaults (256 states
+cycled from the 150, 3 steps of 8 states x G 8 = 64 plans of up to 128 tokens, LoRA r 16, gradient
+checkpointing) it should take a few minutes on one H100; no GPU was lent to this work, so that is untested.
 """
 from __future__ import annotations
 
