@@ -1,5 +1,5 @@
 # The two commands of the quick start. Both install what is missing first (scripts/setup.sh).
-.PHONY: setup chimerax-engine demo test test-fast test-slow test-all bench clean vm-image vm-setup vm-test vm-bench vm-ci
+.PHONY: setup chimerax-engine demo test test-fast test-slow test-all lint bench clean vm-image vm-setup vm-test vm-bench vm-ci
 
 setup:
 	@bash scripts/setup.sh
@@ -16,6 +16,11 @@ chimerax-engine:
 # The test suite (what CI runs). Slow suites: make test-all.
 test: setup chimerax-engine
 	.venv/bin/python -m pytest -q -rs -m "not slow and not vm and not gpu and not wip"
+
+# ruff's lint and its formatter's check (configured in pyproject.toml); CI runs it.
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 # The fast tier: fakes only, no X server (well under a minute).
 test-fast: setup

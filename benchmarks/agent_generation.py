@@ -5,6 +5,7 @@ generation path (chat template, image processing, batched `generate` with log-pr
 quality. On a GPU (`--device cuda`) the same script times a real checkpoint: --model /path/to/Qwen2.5-VL-7B.
 Usage: python benchmarks/agent_generation.py [--model DIR] [--batch 1 4 8] [--new-tokens 32] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,16 @@ def main() -> None:
     shot = np.random.default_rng(0).integers(0, 255, (800, 1280, 3), dtype=np.uint8)
     conv = planner.conversation("Store 3^4 in a variable named a.", [], shot)
     params = SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0, logprobs=True)
-    vlm.generate([conv], params)                                     # warm-up
+    vlm.generate([conv], params)  # warm-up
     print(f"model={vlm.name} device={vlm.device} screen=1280x800 new_tokens<={a.new_tokens}")
     print(f"{'batch':>5} {'s/batch p50':>12} {'new tok/s':>10} {'prompt tok':>10}")
     for b in a.batch:
         secs, toks = [], []
         for r in range(a.repeats):
             t0 = time.perf_counter()
-            gens = vlm.generate([conv] * b, SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0,
-                                                           logprobs=True, seed=r))
+            gens = vlm.generate(
+                [conv] * b, SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0, logprobs=True, seed=r)
+            )
             secs.append(time.perf_counter() - t0)
             toks.append(sum(len(g.token_ids) for g in gens))
         p50 = statistics.median(secs)

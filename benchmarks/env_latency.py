@@ -5,6 +5,7 @@ screenshot), screenshot p50 and the memory of every process the env started (RSS
 counts shared pages once). Usage: python benchmarks/env_latency.py [--env ID ...] [--resets 20] [--steps 100]
 (default: every registered env that can run here; `--task` picks the reset task, else the env's first).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,11 +76,17 @@ def bench(env_id: str, resets_n: int, steps_n: int, task: str | None, sandbox: b
     env.close()
 
     ms = 1000.0
-    print(f"{env_id} (task {task}) on the local backend, {'sealed' if sandbox else 'UNSEALED (sandbox=False)'}, "
-          f"{env.width}x{env.height}, {os.cpu_count()} CPUs")
+    print(
+        f"{env_id} (task {task}) on the local backend, {'sealed' if sandbox else 'UNSEALED (sandbox=False)'}, "
+        f"{env.width}x{env.height}, {os.cpu_count()} CPUs"
+    )
     print(f"  first reset (desktop start + launch): {first:.2f} s")
-    print(f"  reset   p50 {pct(resets, 50):.3f} s   p95 {pct(resets, 95):.3f} s   (launch p50 {statistics.median(launches):.3f} s, n={len(resets)})")
-    print(f"  step    p50 {pct(steps, 50) * ms:.0f} ms   p95 {pct(steps, 95) * ms:.0f} ms   (settle p50 {statistics.median(settles) * ms:.0f} ms, n={len(steps)})")
+    print(
+        f"  reset   p50 {pct(resets, 50):.3f} s   p95 {pct(resets, 95):.3f} s   (launch p50 {statistics.median(launches):.3f} s, n={len(resets)})"
+    )
+    print(
+        f"  step    p50 {pct(steps, 50) * ms:.0f} ms   p95 {pct(steps, 95) * ms:.0f} ms   (settle p50 {statistics.median(settles) * ms:.0f} ms, n={len(steps)})"
+    )
     print(f"  screenshot p50 {pct(shots, 50) * ms:.2f} ms   p95 {pct(shots, 95) * ms:.2f} ms")
     print(f"  memory per env: RSS {rss:.0f} MB (sum over processes), PSS {pss:.0f} MB")
     print("    " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])))
@@ -91,8 +98,12 @@ def main() -> None:
     ap.add_argument("--resets", type=int, default=20)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--task", default="calc_power", help="the reset task, where the env has it")
-    ap.add_argument("--sandbox", choices=("on", "off", "both"), default="on",
-                    help="apps sealed (on), unsealed (off), or each in turn (both: the sandbox's cost)")
+    ap.add_argument(
+        "--sandbox",
+        choices=("on", "off", "both"),
+        default="on",
+        help="apps sealed (on), unsealed (off), or each in turn (both: the sandbox's cost)",
+    )
     args = ap.parse_args()
     ids = args.env or [s.env_id for s in APPS.values() if s.available() is None]
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.sandbox]

@@ -22,6 +22,7 @@ folder. Run it as `python benchmarks/gpu_train.py --data runs/states-kalgebra`: 
 cycled from the 150, 3 steps of 8 states x G 8 = 64 plans of up to 128 tokens, LoRA r 16, gradient
 checkpointing) it should take a few minutes on one H100; no GPU was lent to this work, so that is untested.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,27 +37,65 @@ sys.path.insert(0, str(ROOT))
 
 # Qwen2.5-VL-3B-Instruct's config.json (text and vision), as published with the model.
 QWEN2_5_VL_3B = {
-    "text": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                 num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=128000,
-                 rms_norm_eps=1e-6, rope_theta=1_000_000.0, mrope_section=[16, 24, 24]),
-    "vision": dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
-                   fullatt_block_indexes=[7, 15, 23, 31], window_size=112, patch_size=14, spatial_merge_size=2,
-                   temporal_patch_size=2, in_chans=3, hidden_act="silu", tokens_per_second=2),
+    "text": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        max_position_embeddings=128000,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        mrope_section=[16, 24, 24],
+    ),
+    "vision": dict(
+        depth=32,
+        hidden_size=1280,
+        intermediate_size=3420,
+        num_heads=16,
+        out_hidden_size=2048,
+        fullatt_block_indexes=[7, 15, 23, 31],
+        window_size=112,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        in_chans=3,
+        hidden_act="silu",
+        tokens_per_second=2,
+    ),
     "tie_word_embeddings": True,
 }
 TINY = {
-    "text": dict(vocab_size=None, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-                 mrope_section=[4, 2, 2]),
-    "vision": dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                   fullatt_block_indexes=[1], window_size=112),
+    "text": dict(
+        vocab_size=None,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        mrope_section=[4, 2, 2],
+    ),
+    "vision": dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        fullatt_block_indexes=[1],
+        window_size=112,
+    ),
     "tie_word_embeddings": True,
 }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--data", nargs="*", default=[], help="state datasets (coda data states); none: synthetic states")
     p.add_argument("--states", type=int, default=256, help="states in the training set (the data cycled to this)")
     p.add_argument("--steps", type=int, default=3, help="GRPO optimizer steps")
@@ -70,8 +109,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--executor", default="a11y", help="the fixed executor (a11y needs no model)")
     p.add_argument("--model", choices=("3b", "tiny"), default="3b", help="model configuration")
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with --model tiny")
-    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True,
-                   help="recompute activations in the backward pass")
+    p.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="recompute activations in the backward pass",
+    )
     p.add_argument("--out", default="runs/gpu_train", help="run folder (checkpoints, metrics.jsonl)")
     p.add_argument("--seed", type=int, default=0, help="seed")
     p.add_argument("--dry-run", action="store_true", help="print the settings and exit")
@@ -88,12 +131,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 def coda_config(args):
     """The `coda train coda` settings this benchmark runs (every other setting at its default)."""
     from coda_agent.train.coda import CodaConfig
-    return CodaConfig(out=args.out, executor=args.executor, group_size=args.group_size,
-                      states_per_step=args.states_per_step, micro_batch=args.micro_batch, max_steps=args.steps,
-                      lr=args.lr, max_new_tokens=args.max_new_tokens, history_images=args.history_images,
-                      lora_r=args.lora_r, lora_alpha=2 * args.lora_r, seed=args.seed, device=args.device,
-                      resume=False, save_steps=10 ** 6, gradient_checkpointing=args.gradient_checkpointing,
-                      bf16=args.device.startswith("cuda"))
+
+    return CodaConfig(
+        out=args.out,
+        executor=args.executor,
+        group_size=args.group_size,
+        states_per_step=args.states_per_step,
+        micro_batch=args.micro_batch,
+        max_steps=args.steps,
+        lr=args.lr,
+        max_new_tokens=args.max_new_tokens,
+        history_images=args.history_images,
+        lora_r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+        seed=args.seed,
+        device=args.device,
+        resume=False,
+        save_steps=10**6,
+        gradient_checkpointing=args.gradient_checkpointing,
+        bf16=args.device.startswith("cuda"),
+    )
 
 
 def build_model(kind: str, device: str, tmp: Path):
@@ -105,7 +162,8 @@ def build_model(kind: str, device: str, tmp: Path):
 
     from coda_agent.tiny import SPECIAL_TOKENS, build_tiny_qwen2_5_vl
     from coda_agent.train.steplevel import ImageTextProcessor
-    build_tiny_qwen2_5_vl(tmp / "tokenizer")                 # for its tokenizer (the tiny weights are not used)
+
+    build_tiny_qwen2_5_vl(tmp / "tokenizer")  # for its tokenizer (the tiny weights are not used)
     tok = AutoTokenizer.from_pretrained(tmp / "tokenizer", local_files_only=True)
     tok.padding_side = "left"
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
@@ -114,20 +172,32 @@ def build_model(kind: str, device: str, tmp: Path):
     text["vocab_size"] = text["vocab_size"] or len(tok)
     mrope = text.pop("mrope_section")
     theta = text.pop("rope_theta")
-    text.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-                rope_parameters={"rope_type": "default", "rope_theta": theta, "mrope_section": mrope})
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=dict(spec["vision"]),
-                              image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                              vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-                              tie_word_embeddings=spec["tie_word_embeddings"])
+    text.update(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        rope_parameters={"rope_type": "default", "rope_theta": theta, "mrope_section": mrope},
+    )
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=dict(spec["vision"]),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=spec["tie_word_embeddings"],
+    )
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    ip = Qwen2VLImageProcessorPil() if kind == "3b" else \
-        Qwen2VLImageProcessorPil(size={"shortest_edge": 4 * 28 * 28, "longest_edge": 64 * 28 * 28})
+    ip = (
+        Qwen2VLImageProcessorPil()
+        if kind == "3b"
+        else Qwen2VLImageProcessorPil(size={"shortest_edge": 4 * 28 * 28, "longest_edge": 64 * 28 * 28})
+    )
     return model, ImageTextProcessor(ip, tok, chat_template=tok.chat_template)
 
 
@@ -138,14 +208,31 @@ def synthetic_states(n: int, seed: int = 0):
     from datasets import Dataset
 
     from coda_agent import states
+
     rng = np.random.default_rng(seed)
     shots = [states._png(rng.integers(0, 255, (800, 1280, 3), dtype=np.uint8)) for _ in range(4)]
-    table = ("role\tname\ttext\tx,y,w,h\tstates\npage tab\tCalculator\t\t0,39,85,27\t\n"
-             "page tab\t2D Graph\t\t85,39,82,27\t\npage tab\t3D Graph\t\t167,39,82,27\t\n")
-    rows = [{"id": f"synthetic:{i}:1", "app": "kalgebra", "task": "synthetic", "step": 1, "source": "synthetic",
-             "instruction": f"Synthetic task {i}: plot x^{i} in the 2D Graph.", "history": "[]",
-             "images": [shots[i % 4]], "target": "pyautogui.click(125, 53)", "box": [85, 39, 166, 65],
-             "radius": 20.0, "screen": [1280, 800], "a11y": table} for i in range(min(n, 16))]
+    table = (
+        "role\tname\ttext\tx,y,w,h\tstates\npage tab\tCalculator\t\t0,39,85,27\t\n"
+        "page tab\t2D Graph\t\t85,39,82,27\t\npage tab\t3D Graph\t\t167,39,82,27\t\n"
+    )
+    rows = [
+        {
+            "id": f"synthetic:{i}:1",
+            "app": "kalgebra",
+            "task": "synthetic",
+            "step": 1,
+            "source": "synthetic",
+            "instruction": f"Synthetic task {i}: plot x^{i} in the 2D Graph.",
+            "history": "[]",
+            "images": [shots[i % 4]],
+            "target": "pyautogui.click(125, 53)",
+            "box": [85, 39, 166, 65],
+            "radius": 20.0,
+            "screen": [1280, 800],
+            "a11y": table,
+        }
+        for i in range(min(n, 16))
+    ]
     return Dataset.from_list(rows, features=states.features())
 
 
@@ -156,6 +243,7 @@ def cycled(ds, n: int):
 class SyntheticReward:
     """SYNTHETIC reward for a random planner: the mean token id of a completion over the vocabulary size (it
     varies within a group, so GRPO's advantages are non-zero)."""
+
     __name__ = "synthetic_token_ids"
 
     def __init__(self, vocab: int):
@@ -172,25 +260,39 @@ def lora_weights(model) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = coda_config(args)
-    print(json.dumps({"model": f"Qwen2.5-VL ({args.model} config, random weights)", "device": args.device,
-                      "data": args.data or "SYNTHETIC", "states": args.states, "steps": args.steps,
-                      "group_size": args.group_size, "states_per_step": args.states_per_step,
-                      "micro_batch": args.micro_batch, "max_new_tokens": args.max_new_tokens,
-                      "lora_r": args.lora_r, "executor": args.executor}))
+    print(
+        json.dumps(
+            {
+                "model": f"Qwen2.5-VL ({args.model} config, random weights)",
+                "device": args.device,
+                "data": args.data or "SYNTHETIC",
+                "states": args.states,
+                "steps": args.steps,
+                "group_size": args.group_size,
+                "states_per_step": args.states_per_step,
+                "micro_batch": args.micro_batch,
+                "max_new_tokens": args.max_new_tokens,
+                "lora_r": args.lora_r,
+                "executor": args.executor,
+            }
+        )
+    )
     if args.dry_run:
         return 0
     import tempfile
 
     import torch
+
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_train: no CUDA device here (use --model tiny --device cpu for a CPU smoke run)", file=sys.stderr)
         return 2
     from coda_agent.train.coda import build_trainer
     from coda_agent.train.steplevel import load_states
+
     if args.data:
-        states, app = load_states(args.data)
+        states, _ = load_states(args.data)
     else:
-        states, app = synthetic_states(args.states, args.seed), "kalgebra"
+        states = synthetic_states(args.states, args.seed)
     states = cycled(states, args.states)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
@@ -198,8 +300,15 @@ def main(argv=None) -> int:
         build_s = time.monotonic() - t0
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        trainer = build_trainer(cfg, Path(args.out), model=model, processor=processor, train_states=states,
-                                progress=False, extra_rewards=[SyntheticReward(model.config.get_text_config().vocab_size)])
+        trainer = build_trainer(
+            cfg,
+            Path(args.out),
+            model=model,
+            processor=processor,
+            train_states=states,
+            progress=False,
+            extra_rewards=[SyntheticReward(model.config.get_text_config().vocab_size)],
+        )
         before = lora_weights(trainer.model)
         t1 = time.monotonic()
         trainer.train()
@@ -211,20 +320,26 @@ def main(argv=None) -> int:
     tokens = [r.get("completions/mean_length", 0.0) * per_step for r in logs]
     losses = [r["loss"] for r in logs if "loss" in r]
     changed = any(not torch.equal(before[n], after[n].to(before[n].device)) for n in before)
-    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if args.device.startswith("cuda") else float("nan")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else float("nan")
     result = {
-        "model_build_s": round(build_s, 1), "train_s": round(train_s, 1),
+        "model_build_s": round(build_s, 1),
+        "train_s": round(train_s, 1),
         "seconds_per_step": [round(s, 2) for s in step_s],
         "generated_tokens_per_s": round(sum(tokens) / sum(step_s), 1) if step_s else 0.0,
         "states_per_s": round(len(logs) * args.states_per_step / sum(step_s), 3) if step_s else 0.0,
-        "peak_gpu_memory_gib": round(peak, 2), "loss": losses, "loss_finite": all(map(math.isfinite, losses)),
-        "adapter_changed": changed, "real_reward_mean": [r.get("rewards/action_reward/mean") for r in logs],
+        "peak_gpu_memory_gib": round(peak, 2),
+        "loss": losses,
+        "loss_finite": all(map(math.isfinite, losses)),
+        "adapter_changed": changed,
+        "real_reward_mean": [r.get("rewards/action_reward/mean") for r in logs],
         "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
     }
     print(json.dumps(result))
     ok = result["loss_finite"] and changed and len(logs) == args.steps
-    print("gpu_train: " + ("OK" if ok else "FAILED") + f" ({len(logs)} steps, loss finite "
-          f"{result['loss_finite']}, adapter changed {changed})")
+    print(
+        "gpu_train: " + ("OK" if ok else "FAILED") + f" ({len(logs)} steps, loss finite "
+        f"{result['loss_finite']}, adapter changed {changed})"
+    )
     return 0 if ok else 1
 
 

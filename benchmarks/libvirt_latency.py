@@ -17,6 +17,7 @@ Usage: python benchmarks/libvirt_latency.py --image vm_images/build/coda-debian1
        [--app kalgebra --type "x:=2+3\\n" --png /tmp/kalgebra-vm.png]
        python benchmarks/libvirt_latency.py --image ... --env calc_power [--resets 5] [--steps 10]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,14 @@ def main() -> None:
     print_build_info(image)
     if args.env:
         return env_figures(args, image, xml)
-    cfg = LibvirtConfig(uri=args.uri, base_image=image, domain_xml=xml, domain_type=args.domain_type,
-                        memory_mib=args.memory_mib, vcpus=args.vcpus)
+    cfg = LibvirtConfig(
+        uri=args.uri,
+        base_image=image,
+        domain_xml=xml,
+        domain_type=args.domain_type,
+        memory_mib=args.memory_mib,
+        vcpus=args.vcpus,
+    )
     d = LibvirtDesktop(cfg)
     t0 = time.monotonic()
     try:
@@ -113,7 +120,7 @@ def main() -> None:
                 w = found[0]
                 until = time.monotonic() + 120
                 while time.monotonic() < until:
-                    inner = img[w.y + 30:w.y + w.height, w.x:w.x + w.width]
+                    inner = img[w.y + 30 : w.y + w.height, w.x : w.x + w.width]
                     if inner.size and inner.reshape(-1, 3).std(axis=0).max() > 8:
                         print(f"{args.app} painted {time.monotonic() - s:7.1f} s after spawn")
                         break
@@ -137,6 +144,7 @@ def main() -> None:
             print(f"typed {len(text)} keys in {typed:.2f} s; screen settled {time.monotonic() - s:.1f} s after")
         if args.png:
             from PIL import Image
+
             Image.fromarray(img).save(args.png)
             print(f"saved {args.png}")
     finally:
@@ -152,23 +160,37 @@ def print_build_info(image: str) -> None:
     except (OSError, ValueError):
         print(f"image build        (no {path}: the image was not built by vm_images/build.sh)")
         return
-    print(f"image build        {info['seconds'] / 60:7.1f} min, {info['image_bytes'] / 2**30:.2f} GiB qcow2 "
-          f"(apps: {info['apps']}; built {info['built']})")
+    print(
+        f"image build        {info['seconds'] / 60:7.1f} min, {info['image_bytes'] / 2**30:.2f} GiB qcow2 "
+        f"(apps: {info['apps']}; built {info['built']})"
+    )
 
 
 def env_figures(args: argparse.Namespace, image: str, xml: str | None) -> None:
     from coda_env.env import CodaEnv
-    env = CodaEnv(app="kalgebra", backend="libvirt", backend_options=dict(
-        uri=args.uri, base_image=image, domain_xml=xml, domain_type=args.domain_type,
-        memory_mib=args.memory_mib, vcpus=args.vcpus))
+
+    env = CodaEnv(
+        app="kalgebra",
+        backend="libvirt",
+        backend_options=dict(
+            uri=args.uri,
+            base_image=image,
+            domain_xml=xml,
+            domain_type=args.domain_type,
+            memory_mib=args.memory_mib,
+            vcpus=args.vcpus,
+        ),
+    )
     try:
         task = env.unwrapped.tasks[args.env]
         s = time.monotonic()
         env.reset(options={"task": task.id})
         t = env.desktop.timings
-        print(f"first reset        {time.monotonic() - s:7.1f} s (boot {t['desktop']:.1f} s to the desktop, a11y "
-              f"{t.get('a11y', 0):.1f} s, snapshot {t['snapshot']:.1f} s, KAlgebra ready "
-              f"{env.timings['launch']:.1f} s incl. its snapshot {t.get('checkpoint', 0):.1f} s)")
+        print(
+            f"first reset        {time.monotonic() - s:7.1f} s (boot {t['desktop']:.1f} s to the desktop, a11y "
+            f"{t.get('a11y', 0):.1f} s, snapshot {t['snapshot']:.1f} s, KAlgebra ready "
+            f"{env.timings['launch']:.1f} s incl. its snapshot {t.get('checkpoint', 0):.1f} s)"
+        )
         reward = 0.0
         for action in task.solution:
             _, reward, term, trunc, info = env.step(action)
@@ -187,11 +209,12 @@ def env_figures(args: argparse.Namespace, image: str, xml: str | None) -> None:
             s = time.monotonic()
             _, r, *_ = env.step("DONE")
             dones.append(time.monotonic() - s)
-        print(f"reset p50          {p50(resets):7.2f} s  (n={len(resets)}: {', '.join(f'{r:.2f}' for r in resets)}; "
-              f"revert to KAlgebra's snapshot)")
+        print(
+            f"reset p50          {p50(resets):7.2f} s  (n={len(resets)}: {', '.join(f'{r:.2f}' for r in resets)}; "
+            f"revert to KAlgebra's snapshot)"
+        )
         print(f"step p50           {p50(steps) * 1000:7.0f} ms (n={len(steps)}; click + settle + observation)")
-        print(f"DONE p50           {p50(dones):7.2f} s  (n={len(dones)}; KAlgebra's state read in the guest + "
-              f"checks)")
+        print(f"DONE p50           {p50(dones):7.2f} s  (n={len(dones)}; KAlgebra's state read in the guest + checks)")
     finally:
         env.close()
 

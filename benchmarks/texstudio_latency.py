@@ -5,6 +5,7 @@ Steps alternate a cursor key, typing a word and a click in the editor (each: the
 screen to settle, the screenshot). Prints p50/p95 in milliseconds and the machine's load average, since
 on a shared machine the figures move with it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,13 @@ import numpy as np
 
 import coda_env  # noqa: F401  (registers the envs)
 
-STEPS = ["pyautogui.press('down')", "pyautogui.write('word ')", "pyautogui.click(700, 300)",
-         "pyautogui.press('end')", "pyautogui.hotkey('ctrl', 'home')"]
+STEPS = [
+    "pyautogui.press('down')",
+    "pyautogui.write('word ')",
+    "pyautogui.click(700, 300)",
+    "pyautogui.press('end')",
+    "pyautogui.hotkey('ctrl', 'home')",
+]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -61,10 +67,14 @@ def main() -> None:
     finally:
         env.close()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"reset  p50 {pct(resets, 50):7.0f} ms  p95 {pct(resets, 95):7.0f} ms  (launch+ready p50 {pct(launches, 50):.0f} ms)")
+    print(
+        f"reset  p50 {pct(resets, 50):7.0f} ms  p95 {pct(resets, 95):7.0f} ms  (launch+ready p50 {pct(launches, 50):.0f} ms)"
+    )
     print(f"step   p50 {pct(steps, 50):7.0f} ms  p95 {pct(steps, 95):7.0f} ms  (settle p50 {pct(settles, 50):.0f} ms)")
-    print(f"a11y_text p50 {pct(a11y, 50):4.0f} ms  min {1000 * min(a11y):.0f} ms  ({len(text.splitlines())} lines, "
-          f"{len(text)} chars)")
+    print(
+        f"a11y_text p50 {pct(a11y, 50):4.0f} ms  min {1000 * min(a11y):.0f} ms  ({len(text.splitlines())} lines, "
+        f"{len(text)} chars)"
+    )
     print(f"state  p50 {pct(states, 50):7.0f} ms")
     print(f"evaluate (state + checks, incl. the compile check) {1000 * evaluate:.0f} ms; reward {r}")
 

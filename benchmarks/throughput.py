@@ -9,6 +9,7 @@ env in this process: this process's CPU plus that of every process carrying the 
 window manager, D-Bus, AT-SPI, the app) plus reaped children, from /proc and getrusage.
 Usage: python benchmarks/throughput.py [--seconds 20] [--num-envs 1 2 4] [--modes sync async ray]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,7 +83,7 @@ def cpu_per_reset_and_step(tasks: list[str], episodes: int) -> dict:
     """Replay `episodes` oracle episodes on one env; CPU and wall per reset and per step; memory."""
     env = CodaEnv("kalgebra", tasks=tasks)
     try:
-        env.reset(seed=0)   # starts the desktop (not counted: once per env)
+        env.reset(seed=0)  # starts the desktop (not counted: once per env)
         meter = CpuMeter(env.desktop.token)
         meter.take()
         resets, steps, wall_r, wall_s = [], [], [], []
@@ -101,10 +102,16 @@ def cpu_per_reset_and_step(tasks: list[str], episodes: int) -> dict:
         mem = pss_mb(env.desktop.token)
     finally:
         env.close()
-    return {"reset_cpu": statistics.median(resets), "reset_cpu_mean": statistics.mean(resets),
-            "reset_wall": statistics.median(wall_r), "step_cpu": statistics.median(steps),
-            "step_cpu_mean": statistics.mean(steps), "step_wall": statistics.median(wall_s),
-            "steps_per_episode": len(steps) / episodes, "pss_mb": mem}
+    return {
+        "reset_cpu": statistics.median(resets),
+        "reset_cpu_mean": statistics.mean(resets),
+        "reset_wall": statistics.median(wall_r),
+        "step_cpu": statistics.median(steps),
+        "step_cpu_mean": statistics.mean(steps),
+        "step_wall": statistics.median(wall_s),
+        "steps_per_episode": len(steps) / episodes,
+        "pss_mb": mem,
+    }
 
 
 # ------------------------------------------------------------------------------------------ vector throughput
@@ -112,11 +119,17 @@ def make_envs(mode: str, n: int, tasks: list[str]) -> gym.vector.VectorEnv:
     if mode == "ray":
         import ray
         from coda_env.distributed import RayVectorEnv
+
         if not ray.is_initialized():
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         return RayVectorEnv(ENV, n, num_cpus=min(1.0, os.cpu_count() / n), memory=256 << 20, tasks=tasks)
-    return gym.make_vec(ENV, num_envs=n, vectorization_mode=mode, tasks=tasks,
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
+    return gym.make_vec(
+        ENV,
+        num_envs=n,
+        vectorization_mode=mode,
+        tasks=tasks,
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+    )
 
 
 def throughput(mode: str, n: int, tasks: list[str], seconds: float, solutions: dict[str, list[str]]) -> dict:
@@ -138,7 +151,7 @@ def throughput(mode: str, n: int, tasks: list[str], seconds: float, solutions: d
                 k[i] += 0 if autoreset[i] else 1
             _, _, term, trunc, infos = envs.step(tuple(actions))
             for i in range(n):
-                if autoreset[i]:          # this step was env i's reset: its new task
+                if autoreset[i]:  # this step was env i's reset: its new task
                     current[i], k[i] = infos["task"][i], 0
                 else:
                     steps += 1
@@ -154,29 +167,32 @@ def throughput(mode: str, n: int, tasks: list[str], seconds: float, solutions: d
 # ------------------------------------------------------------------------------------------ estimate
 def grpo_estimate(cost: dict, a: argparse.Namespace) -> str:
     """Hosts for one GRPO iteration's rollouts at CODA's scale, from one env's measured costs."""
-    rollouts = a.group_size * a.apps * a.tasks_per_app            # episodes per iteration, all in flight
+    rollouts = a.group_size * a.apps * a.tasks_per_app  # episodes per iteration, all in flight
     steps = a.steps_per_episode
     env_cpu_episode = cost["reset_cpu"] + steps * cost["step_cpu"]
-    env_wall_step = cost["step_wall"] + a.model_latency             # the env waits for the models each step
+    env_wall_step = cost["step_wall"] + a.model_latency  # the env waits for the models each step
     episode_wall = cost["reset_wall"] + steps * env_wall_step
-    cores_per_env = env_cpu_episode / episode_wall                  # average busy cores of one env
+    cores_per_env = env_cpu_episode / episode_wall  # average busy cores of one env
     usable = a.host_cores * a.host_utilisation
     by_cpu = rollouts * cores_per_env / usable
     by_mem = rollouts * cost["pss_mb"] * a.memory_headroom / (a.host_mem_gb * 1024)
     hosts = max(1, math.ceil(max(by_cpu, by_mem)))
     cpu_s = rollouts * env_cpu_episode
-    return "\n".join([
-        f"GRPO iteration: G={a.group_size} x {a.apps} apps x {a.tasks_per_app} tasks = {rollouts} rollouts in "
-        f"flight, {steps} steps each, models {a.model_latency:.1f} s per step (planner + executor on GPUs)",
-        f"  per env: {env_cpu_episode:.2f} CPU s per episode ({cost['reset_cpu']:.2f} reset + {steps} x "
-        f"{cost['step_cpu']:.3f} step), episode wall {episode_wall:.0f} s -> {cores_per_env:.3f} busy cores; "
-        f"{cost['pss_mb']:.0f} MB PSS",
-        f"  cores needed {rollouts * cores_per_env:.1f} -> {by_cpu:.2f} hosts by CPU ({a.host_cores} cores at "
-        f"{a.host_utilisation:.0%}); memory {rollouts * cost['pss_mb'] * a.memory_headroom / 1024:.0f} GB "
-        f"(x{a.memory_headroom} headroom) -> {by_mem:.2f} hosts of {a.host_mem_gb} GB",
-        f"  => {hosts} host(s) of {a.host_cores} cores; env CPU per iteration {cpu_s / 3600:.2f} core-hours; "
-        f"the iteration's rollouts take ~{episode_wall / 60:.1f} min of wall time if all run at once",
-        "  (KAlgebra's costs stand in for the 4 apps; a heavier app (ChimeraX, GRASS) scales the CPU term)"])
+    return "\n".join(
+        [
+            f"GRPO iteration: G={a.group_size} x {a.apps} apps x {a.tasks_per_app} tasks = {rollouts} rollouts in "
+            f"flight, {steps} steps each, models {a.model_latency:.1f} s per step (planner + executor on GPUs)",
+            f"  per env: {env_cpu_episode:.2f} CPU s per episode ({cost['reset_cpu']:.2f} reset + {steps} x "
+            f"{cost['step_cpu']:.3f} step), episode wall {episode_wall:.0f} s -> {cores_per_env:.3f} busy cores; "
+            f"{cost['pss_mb']:.0f} MB PSS",
+            f"  cores needed {rollouts * cores_per_env:.1f} -> {by_cpu:.2f} hosts by CPU ({a.host_cores} cores at "
+            f"{a.host_utilisation:.0%}); memory {rollouts * cost['pss_mb'] * a.memory_headroom / 1024:.0f} GB "
+            f"(x{a.memory_headroom} headroom) -> {by_mem:.2f} hosts of {a.host_mem_gb} GB",
+            f"  => {hosts} host(s) of {a.host_cores} cores; env CPU per iteration {cpu_s / 3600:.2f} core-hours; "
+            f"the iteration's rollouts take ~{episode_wall / 60:.1f} min of wall time if all run at once",
+            "  (KAlgebra's costs stand in for the 4 apps; a heavier app (ChimeraX, GRASS) scales the CPU term)",
+        ]
+    )
 
 
 def main() -> None:
@@ -206,10 +222,12 @@ def main() -> None:
     measured_pss = cost["pss_mb"]
     if a.env_mem_mb:
         cost["pss_mb"] = a.env_mem_mb
-    print(f"one env: reset {cost['reset_cpu']:.3f} CPU s (median; mean {cost['reset_cpu_mean']:.3f}), "
-          f"{cost['reset_wall']:.3f} s wall; step {cost['step_cpu']:.3f} CPU s (median; mean "
-          f"{cost['step_cpu_mean']:.3f}), {cost['step_wall']:.3f} s wall; {cost['steps_per_episode']:.1f} steps "
-          f"per episode; desktop+app PSS {measured_pss:.0f} MB")
+    print(
+        f"one env: reset {cost['reset_cpu']:.3f} CPU s (median; mean {cost['reset_cpu_mean']:.3f}), "
+        f"{cost['reset_wall']:.3f} s wall; step {cost['step_cpu']:.3f} CPU s (median; mean "
+        f"{cost['step_cpu_mean']:.3f}), {cost['step_wall']:.3f} s wall; {cost['steps_per_episode']:.1f} steps "
+        f"per episode; desktop+app PSS {measured_pss:.0f} MB"
+    )
     print(f"\n{'mode':<6}{'envs':>5}{'steps/s':>10}{'episodes/s':>12}{'speedup':>9}")
     for mode in a.modes:
         base = None
@@ -220,10 +238,14 @@ def main() -> None:
                 print(f"{mode:<6}{n:>5}  failed: {type(e).__name__}: {e}")
                 continue
             base = base or r["episodes_per_s"]
-            print(f"{mode:<6}{n:>5}{r['steps_per_s']:>10.2f}{r['episodes_per_s']:>12.3f}"
-                  f"{r['episodes_per_s'] / base if base else float('nan'):>8.2f}x", flush=True)
+            print(
+                f"{mode:<6}{n:>5}{r['steps_per_s']:>10.2f}{r['episodes_per_s']:>12.3f}"
+                f"{r['episodes_per_s'] / base if base else float('nan'):>8.2f}x",
+                flush=True,
+            )
     if "ray" in a.modes:
         import ray
+
         ray.shutdown()
     print(f"load average {os.getloadavg()[0]:.1f} at the end\n")
     print(grpo_estimate(cost, a))

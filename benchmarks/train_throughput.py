@@ -12,6 +12,7 @@ oracle states of --tasks, built here first (their time is printed too). With rea
 --planner DIR --executor DIR|URL --device cuda.
 Usage: python benchmarks/train_throughput.py [--method grpo coda] [--num-envs 1 2 4] [--coda-group-size 4 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,27 +28,48 @@ from coda_agent.tiny import build_tiny_qwen2_5_vl
 
 def bench_grpo(a, tmp: Path, planner_dir, executor_dir) -> None:
     from coda_agent.train.grpo import GRPOConfig, train
-    print(f"grpo: planner={planner_dir} executor={executor_dir} tasks={a.tasks} G={a.group_size} "
-          f"max_steps={a.max_steps} new_tokens<={a.max_new_tokens}")
+
+    print(
+        f"grpo: planner={planner_dir} executor={executor_dir} tasks={a.tasks} G={a.group_size} "
+        f"max_steps={a.max_steps} new_tokens<={a.max_new_tokens}"
+    )
     print(f"{'envs':>4} {'env steps/s':>12} {'planner tok/s':>14} {'train tok/s':>12} {'rollout s':>10} {'train s':>8}")
     for n in a.num_envs:
-        cfg = GRPOConfig(env="coda/KAlgebra-v0", tasks=a.tasks, out=str(tmp / f"run{n}"), iterations=a.iterations,
-                         tasks_per_iteration=len(a.tasks), group_size=a.group_size, num_envs=n,
-                         max_steps=a.max_steps, max_new_tokens=a.max_new_tokens, executor_max_new_tokens=16,
-                         lr=1e-4, lora_r=8, device=a.device, save_every=10_000, executor=str(executor_dir),
-                         resume=False)
+        cfg = GRPOConfig(
+            env="coda/KAlgebra-v0",
+            tasks=a.tasks,
+            out=str(tmp / f"run{n}"),
+            iterations=a.iterations,
+            tasks_per_iteration=len(a.tasks),
+            group_size=a.group_size,
+            num_envs=n,
+            max_steps=a.max_steps,
+            max_new_tokens=a.max_new_tokens,
+            executor_max_new_tokens=16,
+            lr=1e-4,
+            lora_r=8,
+            device=a.device,
+            save_every=10_000,
+            executor=str(executor_dir),
+            resume=False,
+        )
         remote = str(executor_dir).startswith("http")
         executor = None if remote else TransformersVLM(executor_dir, device=a.device)
         hist = train(cfg, TransformersVLM(planner_dir, device=a.device), executor, progress=False)
-        med = {k: statistics.median(h[k] for h in hist)
-               for k in ("env_steps_per_s", "planner_tokens_per_s", "train_tokens_per_s", "rollout_s", "train_s")}
-        print(f"{n:>4} {med['env_steps_per_s']:>12.2f} {med['planner_tokens_per_s']:>14.1f} "
-              f"{med['train_tokens_per_s']:>12.1f} {med['rollout_s']:>10.1f} {med['train_s']:>8.1f}")
+        med = {
+            k: statistics.median(h[k] for h in hist)
+            for k in ("env_steps_per_s", "planner_tokens_per_s", "train_tokens_per_s", "rollout_s", "train_s")
+        }
+        print(
+            f"{n:>4} {med['env_steps_per_s']:>12.2f} {med['planner_tokens_per_s']:>14.1f} "
+            f"{med['train_tokens_per_s']:>12.1f} {med['rollout_s']:>10.1f} {med['train_s']:>8.1f}"
+        )
 
 
 def bench_coda(a, tmp: Path, planner_dir) -> None:
     from coda_agent import states
     from coda_agent.train.coda import CodaConfig, train_once
+
     data = a.states
     if not data:
         t0 = time.monotonic()
@@ -55,15 +77,28 @@ def bench_coda(a, tmp: Path, planner_dir) -> None:
         ds = states.build(states.oracle_states("coda/KAlgebra-v0", a.tasks), path)
         print(f"coda: {len(ds)} oracle states of {a.tasks} built in {time.monotonic() - t0:.1f} s")
         data = [str(path)]
-    print(f"coda: planner={planner_dir} executor={a.coda_executor} states={data} "
-          f"states/step={a.states_per_step} new_tokens<={a.max_new_tokens} steps={a.coda_steps} (first dropped)")
+    print(
+        f"coda: planner={planner_dir} executor={a.coda_executor} states={data} "
+        f"states/step={a.states_per_step} new_tokens<={a.max_new_tokens} steps={a.coda_steps} (first dropped)"
+    )
     print(f"{'G':>4} {'states/s':>9} {'gen tok/s':>10} {'s/step':>7} {'completions/step':>17}")
     for g in a.coda_group_size:
-        cfg = CodaConfig(planner=str(planner_dir), data=list(data), out=str(tmp / f"coda{g}"),
-                         executor=a.coda_executor, group_size=g, states_per_step=a.states_per_step,
-                         micro_batch=min(16, g * a.states_per_step), max_steps=a.coda_steps,
-                         max_new_tokens=a.max_new_tokens, lr=1e-4, lora_r=8, device=a.device, resume=False,
-                         save_steps=10 ** 6)
+        cfg = CodaConfig(
+            planner=str(planner_dir),
+            data=list(data),
+            out=str(tmp / f"coda{g}"),
+            executor=a.coda_executor,
+            group_size=g,
+            states_per_step=a.states_per_step,
+            micro_batch=min(16, g * a.states_per_step),
+            max_steps=a.coda_steps,
+            max_new_tokens=a.max_new_tokens,
+            lr=1e-4,
+            lora_r=8,
+            device=a.device,
+            resume=False,
+            save_steps=10**6,
+        )
         train_once(cfg, progress=False)
         lines = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
         steps = [x for x in lines if "step_time" in x][1:] or [x for x in lines if "step_time" in x]
@@ -74,8 +109,9 @@ def bench_coda(a, tmp: Path, planner_dir) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--method", nargs="+", choices=("grpo", "coda"), default=["grpo", "coda"], help="which methods")
     ap.add_argument("--planner", help="planner checkpoint (default: a tiny random one)")
     ap.add_argument("--executor", help="grpo's executor checkpoint or URL (default: a tiny random one)")

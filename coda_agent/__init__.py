@@ -5,7 +5,7 @@ Modules: models (VLM access), planner, executor, uitars (UI-TARS grammar), polic
 over a vector env, training samples), eval (runner), train (the training methods), tiny (tiny checkpoints for
 tests). Importing this package does not import torch; loading a model does.
 """
+
 from .models import Generation, ModelError, OpenAIVLM, SamplingParams, TransformersVLM, load_model, smart_resize
 
-__all__ = ["Generation", "ModelError", "OpenAIVLM", "SamplingParams", "TransformersVLM", "load_model",
-           "smart_resize"]
+__all__ = ["Generation", "ModelError", "OpenAIVLM", "SamplingParams", "TransformersVLM", "load_model", "smart_resize"]

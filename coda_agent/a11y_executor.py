@@ -22,6 +22,7 @@ word (tab, button, field, check box, item, menu) prefers elements of that role; 
 input line at the bottom") is found by its role and position words. What it cannot ground is a counted
 parse error and the env gets WAIT, as with UI-TARS.
 """
+
 from __future__ import annotations
 
 import re
@@ -43,43 +44,164 @@ _HOLE = "\x00{}\x00"
 _HOLE_RE = re.compile("\x00(\\d+)\x00")
 
 _ROLE_WORDS: dict[str, frozenset[str]] = {
-    "tab": frozenset({"page tab"}), "tabs": frozenset({"page tab"}),
+    "tab": frozenset({"page tab"}),
+    "tabs": frozenset({"page tab"}),
     "button": frozenset({"push button", "toggle button"}),
-    "field": frozenset({"text", "entry", "spin box"}), "input": frozenset({"text", "entry", "spin box"}),
-    "box": frozenset({"text", "entry", "spin box", "combo box"}), "line": frozenset({"text", "entry"}),
-    "bar": frozenset({"text", "entry"}), "entry": frozenset({"text", "entry"}),
-    "console": frozenset({"text", "entry"}), "editor": frozenset({"text", "entry"}),
-    "textbox": frozenset({"text", "entry"}), "textfield": frozenset({"text", "entry"}),
-    "checkbox": frozenset({"check box"}), "check": frozenset({"check box"}),
+    "field": frozenset({"text", "entry", "spin box"}),
+    "input": frozenset({"text", "entry", "spin box"}),
+    "box": frozenset({"text", "entry", "spin box", "combo box"}),
+    "line": frozenset({"text", "entry"}),
+    "bar": frozenset({"text", "entry"}),
+    "entry": frozenset({"text", "entry"}),
+    "console": frozenset({"text", "entry"}),
+    "editor": frozenset({"text", "entry"}),
+    "textbox": frozenset({"text", "entry"}),
+    "textfield": frozenset({"text", "entry"}),
+    "checkbox": frozenset({"check box"}),
+    "check": frozenset({"check box"}),
     "item": frozenset({"tree item", "list item", "cell", "table cell", "menu item"}),
     "row": frozenset({"tree item", "list item", "cell", "table cell"}),
     "cell": frozenset({"cell", "table cell", "tree item"}),
-    "menu": frozenset({"menu item", "menu"}), "radio": frozenset({"radio button"}),
-    "label": frozenset({"label"}), "spinbox": frozenset({"spin box"}),
+    "menu": frozenset({"menu item", "menu"}),
+    "radio": frozenset({"radio button"}),
+    "label": frozenset({"label"}),
+    "spinbox": frozenset({"spin box"}),
 }
 _INPUT_ROLES = frozenset({"text", "entry", "spin box"})
-_FILLER = frozenset({"the", "a", "an", "on", "at", "of", "in", "into", "to", "window", "screen", "kalgebra", "app",
-                     "application", "labelled", "labeled", "named", "called", "titled", "its", "this", "that",
-                     "top", "bottom", "left", "right", "upper", "lower", "middle", "corner", "side", "panel",
-                     "area", "pane", "with", "text", "", "and", "then", "now", "next", "i", "will", "should",
-                     "let", "us", "we", "need", "to", "it", "key", "keys", "mouse", "pointer", "cursor", "page",
-                     "tab", "tabs", "button", "field", "input", "box", "line", "bar", "entry", "item", "row",
-                     "cell", "menu", "radio", "label", "check", "checkbox", "textbox", "textfield", "spinbox",
-                     "console", "editor", "list"})
-_KEY_WORDS = {"control": "ctrl", "ctl": "ctrl", "return": "enter", "escape": "esc", "del": "delete",
-              "spacebar": "space", "page down": "pagedown", "page up": "pageup", "arrow": "", "cmd": "command",
-              "windows": "win", "super": "win", "meta": "win", "backspace": "backspace", "bksp": "backspace"}
-_CLICK_VERBS = (r"double[- ]?click", r"right[- ]?click", r"hover(?: over)?", r"move (?:the )?(?:mouse|pointer|cursor) "
-                r"(?:to|over)", r"click(?: on)?", r"select", r"open", r"choose", r"switch to", r"go to", r"tap(?: on)?",
-                r"press", r"pick", r"activate", r"focus(?: on)?", r"toggle", r"check", r"uncheck")
+_FILLER = frozenset(
+    {
+        "the",
+        "a",
+        "an",
+        "on",
+        "at",
+        "of",
+        "in",
+        "into",
+        "to",
+        "window",
+        "screen",
+        "kalgebra",
+        "app",
+        "application",
+        "labelled",
+        "labeled",
+        "named",
+        "called",
+        "titled",
+        "its",
+        "this",
+        "that",
+        "top",
+        "bottom",
+        "left",
+        "right",
+        "upper",
+        "lower",
+        "middle",
+        "corner",
+        "side",
+        "panel",
+        "area",
+        "pane",
+        "with",
+        "text",
+        "",
+        "and",
+        "then",
+        "now",
+        "next",
+        "i",
+        "will",
+        "should",
+        "let",
+        "us",
+        "we",
+        "need",
+        "to",
+        "it",
+        "key",
+        "keys",
+        "mouse",
+        "pointer",
+        "cursor",
+        "page",
+        "tab",
+        "tabs",
+        "button",
+        "field",
+        "input",
+        "box",
+        "line",
+        "bar",
+        "entry",
+        "item",
+        "row",
+        "cell",
+        "menu",
+        "radio",
+        "label",
+        "check",
+        "checkbox",
+        "textbox",
+        "textfield",
+        "spinbox",
+        "console",
+        "editor",
+        "list",
+    }
+)
+_KEY_WORDS = {
+    "control": "ctrl",
+    "ctl": "ctrl",
+    "return": "enter",
+    "escape": "esc",
+    "del": "delete",
+    "spacebar": "space",
+    "page down": "pagedown",
+    "page up": "pageup",
+    "arrow": "",
+    "cmd": "command",
+    "windows": "win",
+    "super": "win",
+    "meta": "win",
+    "backspace": "backspace",
+    "bksp": "backspace",
+}
+_CLICK_VERBS = (
+    r"double[- ]?click",
+    r"right[- ]?click",
+    r"hover(?: over)?",
+    r"move (?:the )?(?:mouse|pointer|cursor) "
+    r"(?:to|over)",
+    r"click(?: on)?",
+    r"select",
+    r"open",
+    r"choose",
+    r"switch to",
+    r"go to",
+    r"tap(?: on)?",
+    r"press",
+    r"pick",
+    r"activate",
+    r"focus(?: on)?",
+    r"toggle",
+    r"check",
+    r"uncheck",
+)
 # a sentence's verb comes first, after lead-in words ("Now I will click ...")
-_LEAD = (r"^\W*(?:(?:now|then|next|and|so|finally|first|please|i|we|you|will|should|need|needs|must|want|to|"
-         r"let's|let|us|can|just|i'll|we'll|i'm|going|shall)\W+)*")
+_LEAD = (
+    r"^\W*(?:(?:now|then|next|and|so|finally|first|please|i|we|you|will|should|need|needs|must|want|to|"
+    r"let's|let|us|can|just|i'll|we'll|i'm|going|shall)\W+)*"
+)
 _CLICK = re.compile(_LEAD + r"(" + "|".join(_CLICK_VERBS) + r")\b\s*(.*)", re.IGNORECASE | re.DOTALL)
 _TYPE = re.compile(_LEAD + r"(type|enter|write|input|insert|fill in|put)\b\s*(.*)", re.IGNORECASE | re.DOTALL)
 _KEY = re.compile(_LEAD + r"(press|hit|tap|push|use)\b\s*(?:the\s+)?(.*)", re.IGNORECASE | re.DOTALL)
-_SUBMIT = re.compile(r"\b(?:and|then|,)\s*(?:press|hit)\s+(?:the\s+)?(?:enter|return)\b|\bsubmit\b|\bpress(?:ing)? "
-                     r"(?:the )?(?:enter|return)\b", re.IGNORECASE)
+_SUBMIT = re.compile(
+    r"\b(?:and|then|,)\s*(?:press|hit)\s+(?:the\s+)?(?:enter|return)\b|\bsubmit\b|\bpress(?:ing)? "
+    r"(?:the )?(?:enter|return)\b",
+    re.IGNORECASE,
+)
 _AT = re.compile(r"\bat\s*\(?\s*(\d{1,5})\s*,\s*(\d{1,5})\s*\)?", re.IGNORECASE)
 _SCROLL = re.compile(_LEAD + r"scroll\b(.*)", re.IGNORECASE | re.DOTALL)
 _DRAG = re.compile(_LEAD + r"drag\b\s*(.*?)\s+\b(?:to|onto|into|over)\b\s+(.*)", re.IGNORECASE | re.DOTALL)
@@ -94,6 +216,7 @@ def _quoted(text: str, raw: list[str] | None = None) -> tuple[str, list[str]]:
         if raw is not None:
             raw.append(m.group(0))
         return _HOLE.format(len(found) - 1)
+
     return _QUOTES.sub(hole, text), found
 
 
@@ -120,9 +243,9 @@ def _norm(s: str) -> str:
 @dataclass
 class _Target:
     quoted: list[str]
-    words: list[str]           # the phrase's content words
-    roles: frozenset[str]      # preferred roles (from kind words)
-    position: set[str]         # top / bottom / left / right
+    words: list[str]  # the phrase's content words
+    roles: frozenset[str]  # preferred roles (from kind words)
+    position: set[str]  # top / bottom / left / right
 
 
 def _target(phrase: str) -> _Target:
@@ -149,7 +272,7 @@ def _name_score(e: Element, t: _Target) -> float:
                 continue
             if name == nq:
                 best = max(best, 1.0)
-            elif name and set(name.split()) == set(nq.split()):     # 'Graph 2D' for '2D Graph'
+            elif name and set(name.split()) == set(nq.split()):  # 'Graph 2D' for '2D Graph'
                 best = max(best, 0.9)
             elif name and (f" {nq} " in f" {name} " or f" {name} " in f" {nq} "):
                 best = max(best, 0.75)
@@ -176,22 +299,31 @@ def find_element(phrase: str, elements: Sequence[Element], screen: tuple[int, in
     """The element a phrase names ("the '3D Graph' tab", "the OK button", "the input line at the bottom")."""
     t = _target(phrase)
     if not elements:
-        raise GroundingError("the observation has no accessibility table with boxes (make the env with "
-                             "a11y_tree=True; the app must list boxes)")
+        raise GroundingError(
+            "the observation has no accessibility table with boxes (make the env with "
+            "a11y_tree=True; the app must list boxes)"
+        )
     best, best_score = None, 0.0
     for e in elements:
         s = _name_score(e, t)
         if t.roles:
             s += 0.3 if e.role in t.roles else -0.25
         if not e.name and e.role in _INPUT_ROLES and t.roles & _INPUT_ROLES and not t.quoted:
-            s = max(s, 0.55 + 0.1 * ("focused" in e.states))          # an unnamed input, named by its kind
+            s = max(s, 0.55 + 0.1 * ("focused" in e.states))  # an unnamed input, named by its kind
         if s <= 0:
             continue
         cx, cy = e.center
-        for p in t.position:                                         # position words break ties
-            s += 0.05 * {"top": 1 - cy / screen[1], "bottom": cy / screen[1],
-                         "left": 1 - cx / screen[0], "right": cx / screen[0]}[p]
-        s -= 1e-9 * e.area                                           # the same words: the smaller element
+        for p in t.position:  # position words break ties
+            s += (
+                0.05
+                * {
+                    "top": 1 - cy / screen[1],
+                    "bottom": cy / screen[1],
+                    "left": 1 - cx / screen[0],
+                    "right": cx / screen[0],
+                }[p]
+            )
+        s -= 1e-9 * e.area  # the same words: the smaller element
         if s > best_score:
             best, best_score = e, s
     if best is None or best_score < 0.45:
@@ -219,8 +351,9 @@ def _keys(spec: str) -> list[str] | None:
 
 
 def _key_action(keys: list[str]) -> str:
-    return f"pyautogui.press({keys[0]!r})" if len(keys) == 1 else \
-        f"pyautogui.hotkey({', '.join(repr(k) for k in keys)})"
+    return (
+        f"pyautogui.press({keys[0]!r})" if len(keys) == 1 else f"pyautogui.hotkey({', '.join(repr(k) for k in keys)})"
+    )
 
 
 def _point_action(verb: str, x: int, y: int) -> str:
@@ -234,8 +367,9 @@ def _point_action(verb: str, x: int, y: int) -> str:
     return f"pyautogui.click({x}, {y})"
 
 
-def ground(text: str, elements: Sequence[Element], screen: tuple[int, int] = (1280, 800),
-           scroll_clicks: int = 5) -> str:
+def ground(
+    text: str, elements: Sequence[Element], screen: tuple[int, int] = (1280, 800), scroll_clicks: int = 5
+) -> str:
     """The env action for a planner's step in words; raises GroundingError when no sentence of it grounds.
     Sentences are tried from the last; a sentence must start with its verb (after lead-in words such as
     "Now I will"), and only when none does is a verb anywhere in a sentence taken."""
@@ -258,8 +392,9 @@ def _match(rx: re.Pattern, s: str, anchored: bool) -> re.Match | None:
     return re.compile(rx.pattern.replace(_LEAD, r"\b", 1), rx.flags).search(s)
 
 
-def _ground_sentence(s: str, elements: Sequence[Element], screen: tuple[int, int], scroll_clicks: int,
-                     anchored: bool = True) -> str | None:
+def _ground_sentence(
+    s: str, elements: Sequence[Element], screen: tuple[int, int], scroll_clicks: int, anchored: bool = True
+) -> str | None:
     raw: list[str] = []
     masked, quotes = _quoted(s, raw)
     low = masked.lower()
@@ -290,13 +425,16 @@ def _ground_sentence(s: str, elements: Sequence[Element], screen: tuple[int, int
         rest = m.group(2)
         hole = _HOLE_RE.search(rest)
         if hole:
-            text, after = quotes[int(hole.group(1))], rest[hole.end():]
+            text, after = quotes[int(hole.group(1))], rest[hole.end() :]
         else:
-            mm = re.match(r"\s*(.+?)(?=\s+(?:into|in|on)\s+the\b|\s+and\s+(?:press|hit|then)\b|[.;]?\s*$)", rest,
-                          re.IGNORECASE | re.DOTALL)
+            mm = re.match(
+                r"\s*(.+?)(?=\s+(?:into|in|on)\s+the\b|\s+and\s+(?:press|hit|then)\b|[.;]?\s*$)",
+                rest,
+                re.IGNORECASE | re.DOTALL,
+            )
             if not mm or not mm.group(1).strip():
                 return None
-            text, after = mm.group(1).strip(), rest[mm.end():]
+            text, after = mm.group(1).strip(), rest[mm.end() :]
         lines = []
         into = re.search(r"\b(?:into|in|on)\s+(.*?)(?=\s+and\b|[.;]?\s*$)", after, re.IGNORECASE | re.DOTALL)
         if into and elements:
@@ -313,8 +451,11 @@ def _ground_sentence(s: str, elements: Sequence[Element], screen: tuple[int, int
         return "\n".join(lines)
     m = _match(_KEY, masked, anchored)
     if m and (m.group(1).lower() != "use" or re.search(r"\b(shortcut|hotkey|keys?)\b", low)):
-        rest = re.split(r"\s+(?:to|so|in order|on the keyboard)\b|[,.;]", _HOLE_RE.sub(
-            lambda h: quotes[int(h.group(1))], m.group(2)), maxsplit=1)[0]
+        rest = re.split(
+            r"\s+(?:to|so|in order|on the keyboard)\b|[,.;]",
+            _HOLE_RE.sub(lambda h: quotes[int(h.group(1))], m.group(2)),
+            maxsplit=1,
+        )[0]
         keys = _keys(rest)
         if keys:
             return _key_action(keys)
@@ -325,7 +466,7 @@ def _ground_sentence(s: str, elements: Sequence[Element], screen: tuple[int, int
     if m:
         verb, rest = m.group(1), m.group(2)
         at = _AT.search(rest)
-        if at and not _HOLE_RE.search(rest[:at.start()]) and not _target(rest[:at.start()]).words:
+        if at and not _HOLE_RE.search(rest[: at.start()]) and not _target(rest[: at.start()]).words:
             return _point_action(verb, int(at.group(1)), int(at.group(2)))
         x, y = find_element(restore(rest), elements, screen).center
         return _point_action(verb, x, y)
@@ -335,9 +476,10 @@ def _ground_sentence(s: str, elements: Sequence[Element], screen: tuple[int, int
 @dataclass
 class A11yExecutor:
     """Grounds the planner's step in the accessibility table of the observation (`a11y_tree`); no model."""
+
     screen: tuple[int, int] = (1280, 800)
     scroll_clicks: int = 5
-    wants_a11y_tree = True              # the env must give the a11y_tree observation
+    wants_a11y_tree = True  # the env must give the a11y_tree observation
 
     def execute(self, items: Sequence[tuple[str, str, Any]]) -> list[ExecResult]:
         """items: (instruction, the planner's step text, the env's observation dict with `a11y_tree`)."""
@@ -347,7 +489,7 @@ class A11yExecutor:
             call: dict[str, Any] = {"model": "a11y", "input": text}
             try:
                 action = ground(text, parse_table(table), self.screen, self.scroll_clicks)
-                parse_action(action, self.screen)          # what the env would refuse is this executor's error
+                parse_action(action, self.screen)  # what the env would refuse is this executor's error
             except (GroundingError, ActionError) as e:
                 call["output"] = ""
                 out.append(ExecResult(None, calls=[call], parse_errors=[f"a11y: {e}"]))

@@ -11,6 +11,7 @@
 Errors are one line on stderr and exit code 2, never a traceback. torch is imported only by the commands
 that load a model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 def _envs() -> int:
     from coda_env.backends.local.sandbox import probe
     from coda_env.registry import APPS, BROKEN_APPS
+
     why = probe()
     print("sandbox (local backend): " + ("apps run sealed (bubblewrap)" if why is None else f"unavailable: {why}"))
     width = max([len(s.env_id) for s in APPS.values()] + [10])
@@ -54,6 +56,7 @@ def _envs() -> int:
 def _tasks(args: argparse.Namespace) -> int:
     from coda_env.registry import APPS
     from coda_env.tasks import broken_tasks, load_tasks
+
     if args.app not in APPS:
         close = difflib.get_close_matches(args.app, APPS, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -71,27 +74,39 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _import_scienceboard(argv: list[str]) -> int:
-    p = _parser("coda import-scienceboard", "Convert ScienceBoard task files (its tasks/VM/<App>/*.json layout, "
-                "or a flat folder) into coda task files OUT/<app>/<id>.json plus OUT/import-report.json.")
+    p = _parser(
+        "coda import-scienceboard",
+        "Convert ScienceBoard task files (its tasks/VM/<App>/*.json layout, "
+        "or a flat folder) into coda task files OUT/<app>/<id>.json plus OUT/import-report.json.",
+    )
     p.add_argument("src", help="ScienceBoard's tasks folder (or a checkout, or a folder of task files)")
     p.add_argument("out", help="folder for the converted tasks (use it with --tasks-dir or CODA_TASKS_PATH)")
     from coda_env.scienceboard import import_folder, import_options
+
     known = import_options()
-    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="an import option an app's translation takes (repeatable): "
-                        + ("; ".join(f"{k}: {v}" for k, v in sorted(known.items())) or "none here"))
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an import option an app's translation takes (repeatable): "
+        + ("; ".join(f"{k}: {v}" for k, v in sorted(known.items())) or "none here"),
+    )
     args = p.parse_args(argv)
     options = {}
     for item in args.option:
         name, sep, value = item.partition("=")
         if not sep or name not in known:
-            raise CommandError(f"--option {item!r}: want NAME=VALUE with NAME one of "
-                               f"{', '.join(sorted(known)) or '(none)'}")
+            raise CommandError(
+                f"--option {item!r}: want NAME=VALUE with NAME one of {', '.join(sorted(known)) or '(none)'}"
+            )
         options[name] = value
     report = import_folder(Path(args.src), Path(args.out), **options)
     done = sum(1 for r in report["files"] if r["status"] == "converted")
-    print(f"converted {done} of {len(report['files'])} files into {args.out} "
-          f"(report: {Path(args.out) / 'import-report.json'})")
+    print(
+        f"converted {done} of {len(report['files'])} files into {args.out} "
+        f"(report: {Path(args.out) / 'import-report.json'})"
+    )
     for app, counts in sorted(report["by_app"].items()):
         print(f"  {app:<12} converted {counts['converted']:>3}  refused {counts['refused']:>3}")
     return 0
@@ -121,14 +136,25 @@ def _main(argv: list[str]) -> int:
     from coda_env.registry import AppError, CheckError, SetupError
     from coda_env.runs import RunError
     from coda_env.tasks import TaskError
-    user_errors = (ValueError, RuntimeError, OSError, TaskError, AppError, CheckError, SetupError, RunError,
-                   gym_error.Error)
+
+    user_errors = (
+        ValueError,
+        RuntimeError,
+        OSError,
+        TaskError,
+        AppError,
+        CheckError,
+        SetupError,
+        RunError,
+        gym_error.Error,
+    )
     if argv[:2] == ["eval", "compare"]:
         c = _parser("coda eval compare", "Compare two eval runs: overall, per group, and changed tasks.")
         c.add_argument("a", help="a run's --out folder or its results.json")
         c.add_argument("b", help="the other run's --out folder or its results.json")
         args = c.parse_args(argv[2:])
         from .eval import compare
+
         try:
             print(compare(Path(args.a), Path(args.b)))
         except (OSError, ValueError, KeyError) as e:
@@ -136,20 +162,29 @@ def _main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["judge"]:
         from .judge import add_calibrate_arguments, main_calibrate
-        j = _parser("coda judge calibrate", "Judge stored `coda eval` episodes with VLMs and compare the verdicts "
-                    "with their programmatic checks (precision, recall, agreement).")
+
+        j = _parser(
+            "coda judge calibrate",
+            "Judge stored `coda eval` episodes with VLMs and compare the verdicts "
+            "with their programmatic checks (precision, recall, agreement).",
+        )
         add_calibrate_arguments(j)
         if argv[1:2] != ["calibrate"]:
             j.error("the judge command is: coda judge calibrate --runs RUN [RUN ...] --judge PATH_OR_URL")
         return main_calibrate(j.parse_args(argv[2:]))
     if argv[:1] == ["data"]:
         from .states import add_arguments as add_data_arguments
-        d = _parser("coda data", "State datasets for step-level training: build one (`coda data states SOURCES... "
-                    "--out DIR`) from oracle replays and run folders, or count one (`coda data show DIR`).")
+
+        d = _parser(
+            "coda data",
+            "State datasets for step-level training: build one (`coda data states SOURCES... "
+            "--out DIR`) from oracle replays and run folders, or count one (`coda data show DIR`).",
+        )
         dsub = d.add_subparsers(dest="data_cmd", required=True, metavar="COMMAND", parser_class=Parser)
         add_data_arguments(dsub)
         args = d.parse_args(argv[1:])
         from .states import main_show, main_states
+
         try:
             return main_states(args) if args.data_cmd == "states" else main_show(args)
         except user_errors as e:
@@ -159,24 +194,38 @@ def _main(argv: list[str]) -> int:
             return _import_scienceboard(argv[1:])
         except user_errors as e:
             return _fail("import-scienceboard", e)
-    p = _parser("coda", "Gymnasium environments on real scientific desktop applications, and the CODA "
-                "planner-executor agent: list envs and tasks, evaluate agents, train, judge, import tasks.")
+    p = _parser(
+        "coda",
+        "Gymnasium environments on real scientific desktop applications, and the CODA "
+        "planner-executor agent: list envs and tasks, evaluate agents, train, judge, import tasks.",
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     sub.add_parser("envs", help="list the env ids and whether each can run here", formatter_class=FORMAT)
     t = sub.add_parser("tasks", help="list an app's tasks (and broken task files)", formatter_class=FORMAT)
     t.add_argument("app", nargs="?", default="kalgebra", help="the app (`coda envs` lists them)")
-    t.add_argument("--tasks-dir", action="append", default=[], metavar="DIR",
-                   help="a folder of your own task files (repeatable; also CODA_TASKS_PATH)")
+    t.add_argument(
+        "--tasks-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of your own task files (repeatable; also CODA_TASKS_PATH)",
+    )
     from .eval import add_arguments
-    add_arguments(sub.add_parser("eval", help="run an agent over a task suite (or: coda eval compare A B)",
-                                 formatter_class=FORMAT))
+
+    add_arguments(
+        sub.add_parser(
+            "eval", help="run an agent over a task suite (or: coda eval compare A B)", formatter_class=FORMAT
+        )
+    )
     sub.add_parser("judge", help="coda judge calibrate: the VLM judge against stored episodes' checks")
     sub.add_parser("import-scienceboard", help="convert ScienceBoard's task files into coda task files")
     sub.add_parser("data", help="coda data states|show: state datasets for step-level training")
-    train = sub.add_parser("train", help="train: coda train METHOD ... (coda train --help lists the methods)",
-                           formatter_class=FORMAT)
-    if argv[:1] == ["train"]:                   # torch is imported only for this command
+    train = sub.add_parser(
+        "train", help="train: coda train METHOD ... (coda train --help lists the methods)", formatter_class=FORMAT
+    )
+    if argv[:1] == ["train"]:  # torch is imported only for this command
         from .train import add_arguments as add_train_arguments
+
         add_train_arguments(train)
     args = p.parse_args(argv)
     if args.cmd == "envs":
@@ -188,18 +237,20 @@ def _main(argv: list[str]) -> int:
             raise CommandError(str(e)) from None
     if args.cmd == "train":
         from .train import main_train
+
         try:
             return main_train(args)
         except user_errors as e:
             return _fail(f"train {args.method}", e)
     from .eval import main_eval
+
     out = Path(args.out) if args.out else None
     existed = out is not None and out.exists()
     try:
         return main_eval(args)
     except user_errors as e:
         if out is not None and not existed and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()                        # leave no empty --out behind
+            out.rmdir()  # leave no empty --out behind
         return _fail("eval", e)
 
 

@@ -6,6 +6,7 @@ it only completes the action, in its own grammar (parsed by `coda_agent.uitars`,
 coordinates are pixels of the image as Qwen2.5-VL resized it; they are mapped back to screen pixels.
 Sampling is at temperature 1.0 with up to `tries` attempts; a last failure is a counted parse error.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,10 +23,10 @@ from .uitars import UITarsParseError, parse_uitars, to_env_action
 
 @dataclass
 class ExecResult:
-    action: str | None                          # the env action, or None when every try failed to parse
+    action: str | None  # the env action, or None when every try failed to parse
     calls: list[dict] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
-    sample: Sample | None = None                # the last try (the one that counts), when the model gives ids
+    sample: Sample | None = None  # the last try (the one that counts), when the model gives ids
 
 
 class PlanExecutor(Protocol):
@@ -41,8 +42,7 @@ def screenshot_of(observation: Any) -> np.ndarray:
     return observation["screenshot"] if isinstance(observation, dict) else observation
 
 
-def uitars_action(text: str, image_size: tuple[int, int], screen: tuple[int, int],
-                  coords: str = "absolute") -> str:
+def uitars_action(text: str, image_size: tuple[int, int], screen: tuple[int, int], coords: str = "absolute") -> str:
     """UI-TARS's answer (with or without its `Thought:` part) -> this project's action string."""
     _, actions = parse_uitars(text)
     return to_env_action(actions, image_size, screen, coords)
@@ -52,30 +52,49 @@ def uitars_action(text: str, image_size: tuple[int, int], screen: tuple[int, int
 class Executor:
     model: VLM
     screen: tuple[int, int] = (1280, 800)
-    coords: str = "absolute"           # UI-TARS-1.5: resized-image pixels; "relative1000" for UI-TARS v1
+    coords: str = "absolute"  # UI-TARS-1.5: resized-image pixels; "relative1000" for UI-TARS v1
     tries: int = 3
     params: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=128, temperature=1.0))
 
     def conversation(self, instruction: str, thought: str, screenshot: np.ndarray) -> Conversation:
-        return [{"role": "user", "content": [{"type": "text", "text": prompts.uitars_prompt(instruction)},
-                                             {"type": "image", "image": screenshot}]},
-                {"role": "assistant", "content": f"Thought: {thought}\nAction: "}]
+        return [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": prompts.uitars_prompt(instruction)},
+                    {"type": "image", "image": screenshot},
+                ],
+            },
+            {"role": "assistant", "content": f"Thought: {thought}\nAction: "},
+        ]
 
     def execute(self, items: Sequence[tuple[str, str, Any]]) -> list[ExecResult]:
         """items: (instruction, planner thought, observation or screenshot) per env. Failed parses are
         re-sampled together (models.generate_until_parsed)."""
         convs = [self.conversation(instr, thought, screenshot_of(obs)) for instr, thought, obs in items]
         image_size = model_image_size(self.model, self.screen)
-        tries = generate_until_parsed(self.model, convs, self.params,
-                                      lambda text: uitars_action(text, image_size, self.screen, self.coords),
-                                      self.tries, (UITarsParseError,))
+        tries = generate_until_parsed(
+            self.model,
+            convs,
+            self.params,
+            lambda text: uitars_action(text, image_size, self.screen, self.coords),
+            self.tries,
+            (UITarsParseError,),
+        )
         results = []
         for conv, attempts in zip(convs, tries):
             res = ExecResult(None)
             for a in attempts:
                 g = a.generation
-                res.calls.append({"model": "executor", "attempt": a.number, "prefix": conv[-1]["content"],
-                                  "output": g.text, "seconds": round(g.seconds, 3)})
+                res.calls.append(
+                    {
+                        "model": "executor",
+                        "attempt": a.number,
+                        "prefix": conv[-1]["content"],
+                        "output": g.text,
+                        "seconds": round(g.seconds, 3),
+                    }
+                )
                 if g.token_ids:
                     res.sample = Sample("executor", conv, list(g.token_ids), g.logprobs)
                 if a.ok:

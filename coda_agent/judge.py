@@ -19,6 +19,7 @@ Judge (or an env with one) is cheap and pickles to vector-env workers without we
 Serving note: a judge prompt holds up to history + 1 images; vLLM needs `--limit-mm-per-prompt image=N`
 (N >= history + 1) for that.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,8 @@ JUDGE_SYSTEM = (
     "You are a strict evaluator of a computer-use agent working in a scientific desktop application. You see "
     "the task the agent was given, screenshots of its episode, and its final answer if it gave one. Decide "
     "whether the task was fully accomplished in the final state. Judge only what the screenshots and the "
-    "answer show; if the evidence is missing or ambiguous, the answer is NO.")
+    "answer show; if the evidence is missing or ambiguous, the answer is NO."
+)
 
 JUDGE_TASK = "Task given to the agent:\n{instruction}"
 JUDGE_HISTORY = "Earlier screens of the episode, in order, downscaled (screen {i} of {n}):"
@@ -52,7 +54,8 @@ JUDGE_ANSWER = "The agent's final answer: {answer}"
 JUDGE_NO_ANSWER = "The agent gave no textual answer (it ended with DONE or ran out of steps)."
 JUDGE_QUESTION = (
     "Was the task accomplished? Think briefly about what the task requires and what the final screen shows, "
-    "then end your reply with exactly one line:\nVERDICT: YES\nor\nVERDICT: NO")
+    "then end your reply with exactly one line:\nVERDICT: YES\nor\nVERDICT: NO"
+)
 
 # `VERDICT: YES`, `**Verdict:** no`, `verdict - YES.`; not the echoed template `VERDICT: YES|NO`.
 _VERDICT = re.compile(r"verdict\W{0,6}(yes|no)\b(?!\s*[|/]\s*(?:yes|no)\b)", re.IGNORECASE)
@@ -77,26 +80,27 @@ class JudgeError(ScoringError):
 @dataclass
 class JudgeModel:
     """One ensemble member: `spec` is a local checkpoint directory or an http(s):// endpoint."""
+
     spec: str
     weight: float = 1.0
-    model: str | None = None          # the served model name at an endpoint (default: the first it lists)
-    options: dict = field(default_factory=dict)   # passed to coda_agent.models.load_model
+    model: str | None = None  # the served model name at an endpoint (default: the first it lists)
+    options: dict = field(default_factory=dict)  # passed to coda_agent.models.load_model
 
 
 @dataclass
 class JudgeConfig:
-    models: list = field(default_factory=list)    # specs (str), dicts of JudgeModel fields, or JudgeModels
-    weights: list[float] | None = None            # overrides the models' weights, one per model
-    samples: int = 3                               # samples per model (the votes)
+    models: list = field(default_factory=list)  # specs (str), dicts of JudgeModel fields, or JudgeModels
+    weights: list[float] | None = None  # overrides the models' weights, one per model
+    samples: int = 3  # samples per model (the votes)
     temperature: float = 0.7
     max_new_tokens: int = 256
-    vote: str = "fraction"                         # "fraction" | "majority"
-    threshold: float = 0.5                         # success = score >= threshold
-    reward: str = "binary"                         # env reward: "binary" (1.0/0.0 by threshold) | "score"
-    history: int = 4                               # at most this many earlier screens
-    history_size: tuple[int, int] = (640, 400)     # earlier screens fit in this (width, height)
-    final_size: tuple[int, int] | None = None      # None: the final screen at full resolution
-    seed: int | None = None                        # sample i gets seed + i (reproducible); None: batched
+    vote: str = "fraction"  # "fraction" | "majority"
+    threshold: float = 0.5  # success = score >= threshold
+    reward: str = "binary"  # env reward: "binary" (1.0/0.0 by threshold) | "score"
+    history: int = 4  # at most this many earlier screens
+    history_size: tuple[int, int] = (640, 400)  # earlier screens fit in this (width, height)
+    final_size: tuple[int, int] | None = None  # None: the final screen at full resolution
+    seed: int | None = None  # sample i gets seed + i (reproducible); None: batched
 
     def __post_init__(self) -> None:
         ms = []
@@ -155,8 +159,8 @@ class ModelVote:
     weight: float
     yes: int
     no: int
-    abstained: int                    # samples with no readable verdict
-    vote: float | None                # None: every sample abstained
+    abstained: int  # samples with no readable verdict
+    vote: float | None  # None: every sample abstained
     outputs: list[str]
 
 
@@ -165,7 +169,7 @@ class JudgeResult:
     score: float
     success: bool
     models: list[ModelVote]
-    images: list[tuple[int, int]]     # (width, height) of each image shown, earlier screens first
+    images: list[tuple[int, int]]  # (width, height) of each image shown, earlier screens first
     seconds: float = 0.0
 
     @property
@@ -182,10 +186,16 @@ class JudgeResult:
         return all(m.vote is None for m in self.models)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"score": self.score, "success": self.success, "abstained": self.abstained,
-                "parse_failures": self.parse_failures, "votes": self.votes,
-                "models": [asdict(m) for m in self.models], "images": [list(s) for s in self.images],
-                "seconds": round(self.seconds, 3)}
+        return {
+            "score": self.score,
+            "success": self.success,
+            "abstained": self.abstained,
+            "parse_failures": self.parse_failures,
+            "votes": self.votes,
+            "models": [asdict(m) for m in self.models],
+            "images": [list(s) for s in self.images],
+            "seconds": round(self.seconds, 3),
+        }
 
 
 # ------------------------------------------------------------------------------------------ images
@@ -205,8 +215,7 @@ class Judge:
     `Judge(JudgeConfig(models=[...]))` or `Judge({"models": [...], ...})` loads the models on first use;
     `Judge([(vlm, weight), ...], config)` uses ready VLM objects (config.models is then ignored)."""
 
-    def __init__(self, models: JudgeConfig | dict | Sequence[tuple[Any, float]],
-                 config: JudgeConfig | None = None):
+    def __init__(self, models: JudgeConfig | dict | Sequence[tuple[Any, float]], config: JudgeConfig | None = None):
         if isinstance(models, dict):
             models = JudgeConfig.from_dict(models)
         if isinstance(models, JudgeConfig):
@@ -220,13 +229,13 @@ class Judge:
                 raise ValueError("a judge needs at least one (model, weight)")
             self.config = config or JudgeConfig()
             self._weights = [float(w) for _, w in pairs]
-            JudgeConfig(models=[JudgeModel("given", w) for w in self._weights])    # validates the weights
+            JudgeConfig(models=[JudgeModel("given", w) for w in self._weights])  # validates the weights
             self._members, self._from_config = [m for m, _ in pairs], False
 
     def __getstate__(self):
         state = self.__dict__.copy()
         if self._from_config:
-            state["_members"] = None          # a vector-env worker loads its own: weights are not pickled
+            state["_members"] = None  # a vector-env worker loads its own: weights are not pickled
         return state
 
     @property
@@ -234,11 +243,12 @@ class Judge:
         """The VLMs, loaded on first use (a load failure is a JudgeError naming the spec)."""
         if self._members is None:
             from coda_agent.models import load_model
+
             loaded = []
             for m in self.config.models:
                 try:
                     loaded.append(load_model(m.spec, m.model, **m.options))
-                except (RuntimeError, OSError, ValueError, TypeError) as e:   # ModelError, bad options
+                except (RuntimeError, OSError, ValueError, TypeError) as e:  # ModelError, bad options
                     raise JudgeError(f"judge model {m.spec!r} could not be loaded: {e}") from e
             self._members = loaded
         return self._members
@@ -272,7 +282,9 @@ class Judge:
             earlier = [earlier[i] for i in pick_history(len(earlier), c.history)]
         return earlier, final
 
-    def conversation(self, instruction: str, screenshots: Sequence[np.ndarray], answer: str | None = None) -> list[dict]:
+    def conversation(
+        self, instruction: str, screenshots: Sequence[np.ndarray], answer: str | None = None
+    ) -> list[dict]:
         """The judge's chat: system prompt, then the task, the earlier screens, the final one, the answer."""
         return self._conversation(instruction, *self.images(screenshots), answer)
 
@@ -280,11 +292,16 @@ class Judge:
     def _conversation(instruction: str, earlier: list[np.ndarray], final: np.ndarray, answer: str | None) -> list[dict]:
         parts: list[dict] = [{"type": "text", "text": JUDGE_TASK.format(instruction=instruction)}]
         for i, img in enumerate(earlier):
-            parts += [{"type": "text", "text": JUDGE_HISTORY.format(i=i + 1, n=len(earlier))},
-                      {"type": "image", "image": img}]
-        parts += [{"type": "text", "text": JUDGE_FINAL}, {"type": "image", "image": final},
-                  {"type": "text", "text": JUDGE_ANSWER.format(answer=answer) if answer else JUDGE_NO_ANSWER},
-                  {"type": "text", "text": JUDGE_QUESTION}]
+            parts += [
+                {"type": "text", "text": JUDGE_HISTORY.format(i=i + 1, n=len(earlier))},
+                {"type": "image", "image": img},
+            ]
+        parts += [
+            {"type": "text", "text": JUDGE_FINAL},
+            {"type": "image", "image": final},
+            {"type": "text", "text": JUDGE_ANSWER.format(answer=answer) if answer else JUDGE_NO_ANSWER},
+            {"type": "text", "text": JUDGE_QUESTION},
+        ]
         return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": parts}]
 
     # ---------------------------------------------------------------------------------- scoring
@@ -292,12 +309,13 @@ class Judge:
         """`samples` outputs per conversation. With a seed, sample i of every conversation gets seed + i (one
         call per sample: an HTTP server given one seed for all would return one answer n times)."""
         from coda_agent.models import SamplingParams
+
         c, n = self.config, self.config.samples
         params = {"max_new_tokens": c.max_new_tokens, "temperature": c.temperature}
         if c.seed is None:
             gens = model.generate([conv for conv in convs for _ in range(n)], SamplingParams(**params))
             texts = [g.text for g in gens]
-            return [texts[j * n:(j + 1) * n] for j in range(len(convs))]
+            return [texts[j * n : (j + 1) * n] for j in range(len(convs))]
         out: list[list[str]] = [[] for _ in convs]
         for i in range(n):
             for j, g in enumerate(model.generate(convs, SamplingParams(seed=c.seed + i, **params))):
@@ -317,10 +335,11 @@ class Judge:
         for model in self.members:
             try:
                 per_model.append(self._sample(model, convs))
-            except (RuntimeError, OSError, ValueError) as e:     # ModelError (dead endpoint), CUDA OOM, ...
-                raise JudgeError(f"judge model {getattr(model, 'name', model)!r} failed: "
-                                 f"{type(e).__name__}: {e}") from e
-        names = self.names()            # after the calls: an endpoint's served name is known by then
+            except (RuntimeError, OSError, ValueError) as e:  # ModelError (dead endpoint), CUDA OOM, ...
+                raise JudgeError(
+                    f"judge model {getattr(model, 'name', model)!r} failed: {type(e).__name__}: {e}"
+                ) from e
+        names = self.names()  # after the calls: an endpoint's served name is known by then
         seconds = (time.monotonic() - t0) / max(1, len(convs))
         results = []
         for j in range(len(convs)):
@@ -349,8 +368,9 @@ class Judge:
         """What the env keeps of earlier screens for this judge (coda_env.scoring.Scorer)."""
         return self.config.history_size if self.config.history > 0 else None
 
-    def score(self, episode: Episode | str, screenshots: Sequence[np.ndarray] | None = None,
-              answer: str | None = None) -> Score | JudgeResult:
+    def score(
+        self, episode: Episode | str, screenshots: Sequence[np.ndarray] | None = None, answer: str | None = None
+    ) -> Score | JudgeResult:
         """The scorer protocol: `score(Episode) -> Score` (what the env calls at the end of an episode:
         reward 1.0/0.0 by threshold, or the score itself with config.reward="score"). For stored episodes,
         `score(instruction, screenshots, answer)` is `judge(...)`."""
@@ -374,9 +394,16 @@ def agreement(pairs: Sequence[tuple[bool, bool]]) -> dict[str, Any]:
     fn = sum(c and not j for c, j in pairs)
     tn = sum(not c and not j for c, j in pairs)
     n = len(pairs)
-    return {"n": n, "tp": tp, "fp": fp, "fn": fn, "tn": tn,
-            "precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None,
-            "agreement": (tp + tn) / n if n else None}
+    return {
+        "n": n,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "tn": tn,
+        "precision": tp / (tp + fp) if tp + fp else None,
+        "recall": tp / (tp + fn) if tp + fn else None,
+        "agreement": (tp + tn) / n if n else None,
+    }
 
 
 def calibrate(runs: Sequence[Path], judge: Judge, batch: int = 8, progress: bool = False) -> dict[str, Any]:
@@ -388,13 +415,20 @@ def calibrate(runs: Sequence[Path], judge: Judge, batch: int = 8, progress: bool
         skipped += s
     rows = []
     for i in range(0, len(episodes), batch):
-        chunk = episodes[i:i + batch]
-        results = judge.score_batch([(e["instruction"], [read_png(p) for p in e["pngs"]], e["answer"])
-                                     for e in chunk])
+        chunk = episodes[i : i + batch]
+        results = judge.score_batch([(e["instruction"], [read_png(p) for p in e["pngs"]], e["answer"]) for e in chunk])
         for e, r in zip(chunk, results):
-            rows.append({k: e[k] for k in ("run", "app", "task", "episode", "check", "answer")} |
-                        {"judge": r.success, "score": r.score, "abstained": r.abstained,
-                         "parse_failures": r.parse_failures, "votes": r.votes, "images": len(r.images)})
+            rows.append(
+                {k: e[k] for k in ("run", "app", "task", "episode", "check", "answer")}
+                | {
+                    "judge": r.success,
+                    "score": r.score,
+                    "abstained": r.abstained,
+                    "parse_failures": r.parse_failures,
+                    "votes": r.votes,
+                    "images": len(r.images),
+                }
+            )
         if progress:
             print(f"judged {len(rows)}/{len(episodes)}", file=sys.stderr)
     by_app: dict[str, list[dict]] = defaultdict(list)
@@ -403,13 +437,27 @@ def calibrate(runs: Sequence[Path], judge: Judge, batch: int = 8, progress: bool
 
     def group(rs: list[dict]) -> dict[str, Any]:
         return agreement([(r["check"], r["judge"]) for r in rs]) | {
-            "abstained": sum(r["abstained"] for r in rs), "parse_failures": sum(r["parse_failures"] for r in rs)}
+            "abstained": sum(r["abstained"] for r in rs),
+            "parse_failures": sum(r["parse_failures"] for r in rs),
+        }
+
     c = judge.config
-    return {"judge": {"models": judge.names(), "weights": judge._weights, "samples": c.samples,
-                      "temperature": c.temperature, "vote": c.vote, "threshold": c.threshold,
-                      "history": c.history, "history_size": list(c.history_size)},
-            "overall": group(rows), "by_app": {a: group(rs) for a, rs in sorted(by_app.items())},
-            "episodes": rows, "skipped": skipped}
+    return {
+        "judge": {
+            "models": judge.names(),
+            "weights": judge._weights,
+            "samples": c.samples,
+            "temperature": c.temperature,
+            "vote": c.vote,
+            "threshold": c.threshold,
+            "history": c.history,
+            "history_size": list(c.history_size),
+        },
+        "overall": group(rows),
+        "by_app": {a: group(rs) for a, rs in sorted(by_app.items())},
+        "episodes": rows,
+        "skipped": skipped,
+    }
 
 
 def _fmt(v: float | None) -> str:
@@ -417,11 +465,15 @@ def _fmt(v: float | None) -> str:
 
 
 def print_report(report: dict) -> None:
-    print(f"{'group':<16}{'n':>5}{'tp':>5}{'fp':>5}{'fn':>5}{'tn':>5}{'precision':>11}{'recall':>8}"
-          f"{'agree':>8}{'abstain':>9}")
+    print(
+        f"{'group':<16}{'n':>5}{'tp':>5}{'fp':>5}{'fn':>5}{'tn':>5}{'precision':>11}{'recall':>8}"
+        f"{'agree':>8}{'abstain':>9}"
+    )
     for name, g in [*((f"app:{a}", g) for a, g in report["by_app"].items()), ("overall", report["overall"])]:
-        print(f"{name:<16}{g['n']:>5}{g['tp']:>5}{g['fp']:>5}{g['fn']:>5}{g['tn']:>5}{_fmt(g['precision']):>11}"
-              f"{_fmt(g['recall']):>8}{_fmt(g['agreement']):>8}{g['abstained']:>9}")
+        print(
+            f"{name:<16}{g['n']:>5}{g['tp']:>5}{g['fp']:>5}{g['fn']:>5}{g['tn']:>5}{_fmt(g['precision']):>11}"
+            f"{_fmt(g['recall']):>8}{_fmt(g['agreement']):>8}{g['abstained']:>9}"
+        )
     if report["skipped"]:
         print(f"skipped {len(report['skipped'])} episodes (see the report's 'skipped')")
 
@@ -436,10 +488,18 @@ def _size(text: str) -> tuple[int, int]:
 
 def add_calibrate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", nargs="+", required=True, help="`coda eval` run directories (--out of each run)")
-    p.add_argument("--judge", action="append", required=True,
-                   help="judge model: checkpoint directory or http(s):// endpoint (repeat for an ensemble)")
-    p.add_argument("--judge-model", action="append", default=None,
-                   help="served model name at each --judge endpoint, in order (default: the first served)")
+    p.add_argument(
+        "--judge",
+        action="append",
+        required=True,
+        help="judge model: checkpoint directory or http(s):// endpoint (repeat for an ensemble)",
+    )
+    p.add_argument(
+        "--judge-model",
+        action="append",
+        default=None,
+        help="served model name at each --judge endpoint, in order (default: the first served)",
+    )
     p.add_argument("--weights", nargs="+", type=float, default=None, help="one weight per --judge")
     d = JudgeConfig()
     p.add_argument("--samples", type=int, default=d.samples, help="samples per model (votes)")
@@ -464,13 +524,27 @@ def main_calibrate(args: argparse.Namespace) -> int:
         return 2
     try:
         opts = {"retries": args.retries} if args.retries is not None else {}
-        models = [JudgeModel(s, model=names[i] if i < len(names) else None,
-                             options=opts if s.startswith(("http://", "https://")) else {})
-                  for i, s in enumerate(args.judge)]
-        config = JudgeConfig(models=models, weights=args.weights, samples=args.samples,
-                             temperature=args.temperature, max_new_tokens=args.max_new_tokens, vote=args.vote,
-                             threshold=args.threshold, history=args.history, history_size=args.history_size,
-                             final_size=args.final_size, seed=args.seed)
+        models = [
+            JudgeModel(
+                s,
+                model=names[i] if i < len(names) else None,
+                options=opts if s.startswith(("http://", "https://")) else {},
+            )
+            for i, s in enumerate(args.judge)
+        ]
+        config = JudgeConfig(
+            models=models,
+            weights=args.weights,
+            samples=args.samples,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+            vote=args.vote,
+            threshold=args.threshold,
+            history=args.history,
+            history_size=args.history_size,
+            final_size=args.final_size,
+            seed=args.seed,
+        )
         report = calibrate([Path(r) for r in args.runs], Judge(config), args.batch, progress=not args.quiet)
     except (ValueError, JudgeError, RunError) as e:
         print(f"coda judge calibrate: error: {e}", file=sys.stderr)

@@ -11,6 +11,7 @@ When the last message is the assistant's, the model continues it (the executor's
 its answer"). `generate` takes a list of conversations and returns one `Generation` per conversation.
 Nothing here downloads weights: a path must be a local directory, an endpoint must already be serving.
 """
+
 from __future__ import annotations
 
 import base64
@@ -44,10 +45,10 @@ class ModelError(RuntimeError):
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 256
-    temperature: float = 0.0          # 0 means greedy decoding
+    temperature: float = 0.0  # 0 means greedy decoding
     top_p: float = 1.0
     seed: int | None = None
-    logprobs: bool = False            # return the sampled tokens' log-probabilities (training)
+    logprobs: bool = False  # return the sampled tokens' log-probabilities (training)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class VLM(Protocol):
 class Attempt:
     """One try of `generate_until_parsed`: the generation, its 1-based number, and what `parse` made of it
     (`value`) or why it failed (`error`)."""
+
     number: int
     generation: Generation
     value: Any = None
@@ -81,9 +83,14 @@ class Attempt:
         return self.error is None
 
 
-def generate_until_parsed(model: VLM, conversations: Sequence[Conversation], params: SamplingParams,
-                          parse: Callable[[str], Any], tries: int = 3,
-                          errors: tuple[type[BaseException], ...] = (ValueError,)) -> list[list[Attempt]]:
+def generate_until_parsed(
+    model: VLM,
+    conversations: Sequence[Conversation],
+    params: SamplingParams,
+    parse: Callable[[str], Any],
+    tries: int = 3,
+    errors: tuple[type[BaseException], ...] = (ValueError,),
+) -> list[list[Attempt]]:
     """Sample each conversation until `parse(text)` succeeds or `tries` are spent; the conversations whose
     answer failed to parse are re-sampled together, one batched `generate` per try. `parse` raising one of
     `errors` is a failed try (anything else propagates). Returns each conversation's attempts in order: the
@@ -105,8 +112,13 @@ def generate_until_parsed(model: VLM, conversations: Sequence[Conversation], par
     return out
 
 
-def smart_resize(height: int, width: int, factor: int = IMAGE_FACTOR, min_pixels: int = DEFAULT_MIN_PIXELS,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+def smart_resize(
+    height: int,
+    width: int,
+    factor: int = IMAGE_FACTOR,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> tuple[int, int]:
     """The (height, width) Qwen2.5-VL resizes an image to: both multiples of `factor`, area within
     [min_pixels, max_pixels], aspect ratio kept as closely as that allows. UI-TARS-1.5 answers in pixel
     coordinates of this resized image."""
@@ -133,6 +145,7 @@ def model_image_size(model: VLM, screen: tuple[int, int]) -> tuple[int, int]:
 
 def to_pil(image):
     from PIL import Image
+
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     arr = np.asarray(image)
@@ -150,25 +163,35 @@ class TransformersVLM:
     """A Qwen2.5-VL-family checkpoint (Qwen2.5-VL-7B/32B, UI-TARS-1.5-7B, ...) from a local directory, on GPU
     when there is one. `build_inputs` is public: the trainer uses the same tensors to score log-probs."""
 
-    def __init__(self, path: str | os.PathLike, device: str | None = None, dtype: str | None = None,
-                 min_pixels: int | None = None, max_pixels: int | None = None, name: str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        device: str | None = None,
+        dtype: str | None = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        name: str | None = None,
+    ):
         path = Path(path).expanduser()
         if not path.is_dir():
-            raise ModelError(f"model path {str(path)!r} is not a directory; coda never downloads weights: give "
-                             "a local checkpoint directory or an http(s):// OpenAI-compatible endpoint")
+            raise ModelError(
+                f"model path {str(path)!r} is not a directory; coda never downloads weights: give "
+                "a local checkpoint directory or an http(s):// OpenAI-compatible endpoint"
+            )
         if not (path / "config.json").exists():
             raise ModelError(f"{str(path)!r} holds no config.json: not a transformers checkpoint")
         import torch
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        torch_dtype = getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.startswith("cuda")
-                                                           else torch.float32)
+        torch_dtype = (
+            getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device.startswith("cuda") else torch.float32)
+        )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             self.image_processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
-            self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype,
-                                                                     local_files_only=True)
+            self.model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
         except (OSError, ValueError) as e:
             raise ModelError(f"cannot load the model in {str(path)!r}: {e}") from e
         self.model.to(self.device).eval()
@@ -201,16 +224,18 @@ class TransformersVLM:
                 if p["type"] == "image":
                     images.append(to_pil(p["image"]))
                     parts.append({"type": "image"})
-                else:                       # text (task files, earlier answers) cannot smuggle in placeholders
+                else:  # text (task files, earlier answers) cannot smuggle in placeholders
                     parts.append({"type": "text", "text": _strip_vision_tokens(p["text"])})
             msgs.append({"role": m["role"], "content": parts})
         prefill = conv[-1]["role"] == "assistant"
-        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not prefill,
-                                                  continue_final_message=prefill)
+        text = self.tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=not prefill, continue_final_message=prefill
+        )
         return text, images
 
-    def build_inputs(self, conversations: Sequence[Conversation],
-                     completions: Sequence[str] | Sequence[Sequence[int]] | None = None):
+    def build_inputs(
+        self, conversations: Sequence[Conversation], completions: Sequence[str] | Sequence[Sequence[int]] | None = None
+    ):
         """Tokenized, left-padded model inputs for a batch of conversations.
 
         With `completions` (texts or token ids), each is appended *as tokens* after its prompt's tokens, the
@@ -224,8 +249,10 @@ class TransformersVLM:
             images.extend(imgs)
         comp_ids = None
         if completions is not None:
-            comp_ids = [list(c) if not isinstance(c, str) else
-                        self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in completions]
+            comp_ids = [
+                list(c) if not isinstance(c, str) else self.tokenizer(c, add_special_tokens=False)["input_ids"]
+                for c in completions
+            ]
         return self._encode(texts, images, comp_ids)
 
     def _encode(self, texts: list[str], images: list, completion_ids: list[list[int]] | None = None):
@@ -233,12 +260,13 @@ class TransformersVLM:
         image has merged patches. Done here because that processor cannot be built without torchvision
         (its video half), and the image and text halves are all an agent needs."""
         from transformers import BatchFeature
+
         torch = self.torch
         data: dict = {}
         if images:
             img = self.image_processor(images=images, return_tensors="pt")
             data.update(pixel_values=img["pixel_values"], image_grid_thw=img["image_grid_thw"])
-            counts = iter((img["image_grid_thw"].prod(-1) // self.merge_size ** 2).tolist())
+            counts = iter((img["image_grid_thw"].prod(-1) // self.merge_size**2).tolist())
             pad, out = "<|image_pad|>", []
             for t in texts:
                 pieces = t.split(pad)
@@ -254,11 +282,11 @@ class TransformersVLM:
         input_ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(seqs), width), dtype=torch.long)
         comp_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-        for i, (q, c) in enumerate(zip(seqs, comp)):          # left padding, as generation wants
-            input_ids[i, width - len(q):] = torch.tensor(q, dtype=torch.long)
-            attention[i, width - len(q):] = 1
+        for i, (q, c) in enumerate(zip(seqs, comp)):  # left padding, as generation wants
+            input_ids[i, width - len(q) :] = torch.tensor(q, dtype=torch.long)
+            attention[i, width - len(q) :] = 1
             if len(c):
-                comp_mask[i, width - len(c):] = True
+                comp_mask[i, width - len(c) :] = True
         data.update(input_ids=input_ids, attention_mask=attention)
         if completion_ids is not None:
             data["completion_mask"] = comp_mask
@@ -273,8 +301,13 @@ class TransformersVLM:
         if params.seed is not None:
             torch.manual_seed(params.seed)
         sample = params.temperature > 0
-        gen_kw = dict(max_new_tokens=params.max_new_tokens, do_sample=sample, return_dict_in_generate=True,
-                      output_scores=params.logprobs, pad_token_id=self.tokenizer.pad_token_id)
+        gen_kw = dict(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sample,
+            return_dict_in_generate=True,
+            output_scores=params.logprobs,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
         if self.banned_token_ids:
             gen_kw["suppress_tokens"] = self.banned_token_ids
         if sample:
@@ -296,9 +329,15 @@ class TransformersVLM:
             end = next((j + 1 for j, t in enumerate(ids) if t in eos), len(ids))
             ids = ids[:end]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            gens.append(Generation(text=text, token_ids=ids,
-                                   logprobs=lp[i, :end].float().tolist() if lp is not None else None,
-                                   prompt_tokens=int(inputs["attention_mask"][i].sum()), seconds=seconds))
+            gens.append(
+                Generation(
+                    text=text,
+                    token_ids=ids,
+                    logprobs=lp[i, :end].float().tolist() if lp is not None else None,
+                    prompt_tokens=int(inputs["attention_mask"][i].sum()),
+                    seconds=seconds,
+                )
+            )
         return gens
 
 
@@ -318,9 +357,18 @@ class OpenAIVLM:
     are sent concurrently. Transient failures (connection refused, timeouts, 429, 5xx) are retried with
     exponential backoff; anything else, or a last failure, raises ModelError naming the endpoint."""
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None,
-                 timeout: float = 120.0, retries: int = 3, backoff: float = 1.0, concurrency: int = 16,
-                 min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS):
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        retries: int = 3,
+        backoff: float = 1.0,
+        concurrency: int = 16,
+        min_pixels: int = DEFAULT_MIN_PIXELS,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ):
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -349,8 +397,12 @@ class OpenAIVLM:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
-            req = urllib.request.Request(url, data=data, method=method, headers={
-                "Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
+            req = urllib.request.Request(
+                url,
+                data=data,
+                method=method,
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     return json.loads(resp.read())
@@ -361,12 +413,17 @@ class OpenAIVLM:
                     raise ModelError(f"model endpoint {url} refused the request: {last}") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
                 reason = getattr(e, "reason", e)
-                last = f"timed out after {self.timeout}s" if isinstance(reason, TimeoutError) or \
-                    "timed out" in str(reason) else f"{reason}"
+                last = (
+                    f"timed out after {self.timeout}s"
+                    if isinstance(reason, TimeoutError) or "timed out" in str(reason)
+                    else f"{reason}"
+                )
             except json.JSONDecodeError as e:
                 raise ModelError(f"model endpoint {url} answered with something that is not JSON: {e}") from None
-        raise ModelError(f"model endpoint {url} did not answer after {self.retries + 1} tries: {last} "
-                         "(is the vLLM/SGLang server running at that address?)")
+        raise ModelError(
+            f"model endpoint {url} did not answer after {self.retries + 1} tries: {last} "
+            "(is the vLLM/SGLang server running at that address?)"
+        )
 
     @staticmethod
     def _message(m: dict) -> dict:
@@ -385,9 +442,13 @@ class OpenAIVLM:
 
     def _one(self, conv: Conversation, params: SamplingParams) -> Generation:
         t0 = time.monotonic()
-        body: dict[str, Any] = {"model": self.model, "messages": [self._message(m) for m in conv],
-                                "max_tokens": params.max_new_tokens, "temperature": params.temperature,
-                                "top_p": params.top_p}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [self._message(m) for m in conv],
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
         if params.seed is not None:
             body["seed"] = params.seed
         if params.logprobs:
@@ -400,13 +461,18 @@ class OpenAIVLM:
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
         except (KeyError, IndexError, TypeError) as e:
-            raise ModelError(f"{self.base_url}/chat/completions answered without choices[0].message.content: "
-                             f"{str(data)[:300]}") from e
+            raise ModelError(
+                f"{self.base_url}/chat/completions answered without choices[0].message.content: {str(data)[:300]}"
+            ) from e
         lps = None
         if params.logprobs and choice.get("logprobs"):
             lps = [t["logprob"] for t in choice["logprobs"].get("content") or []]
-        return Generation(text=text, logprobs=lps, seconds=time.monotonic() - t0,
-                          prompt_tokens=(data.get("usage") or {}).get("prompt_tokens"))
+        return Generation(
+            text=text,
+            logprobs=lps,
+            seconds=time.monotonic() - t0,
+            prompt_tokens=(data.get("usage") or {}).get("prompt_tokens"),
+        )
 
     def generate(self, conversations: Sequence[Conversation], params: SamplingParams) -> list[Generation]:
         if len(conversations) <= 1:

@@ -5,6 +5,7 @@ steps, and the current screenshot, as a multi-turn chat (older screenshots are l
 context). It answers `Thought: ...` / `Action: ...`; an action of `DONE`, `FAIL`, `WAIT` or `ANS <text>` is a
 terminal answer that goes to the env as it is, without the executor.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,6 +25,7 @@ class PlanParseError(ValueError):
 @dataclass
 class Turn:
     """One past step of an episode, as the planner remembers it."""
+
     screenshot: np.ndarray | None
     thought: str
     action: str
@@ -32,8 +34,8 @@ class Turn:
 @dataclass
 class Plan:
     thought: str
-    action: str                      # the step in words, or the terminal answer
-    terminal: str | None = None      # "DONE" | "FAIL" | "WAIT" | "ANS <text>" when the answer is terminal
+    action: str  # the step in words, or the terminal answer
+    terminal: str | None = None  # "DONE" | "FAIL" | "WAIT" | "ANS <text>" when the answer is terminal
 
 
 _TERMINAL = re.compile(r"^\W*(DONE|FAIL|WAIT)\W*$|^\W*ANS\b[\s:]*(.*?)\W*$", re.IGNORECASE | re.DOTALL)
@@ -48,7 +50,7 @@ def parse_plan(text: str) -> Plan:
     found: dict[str, str] = {}
     for i, m in enumerate(marks):
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
-        found.setdefault(m.group(1).lower(), text[m.end():end].strip())
+        found.setdefault(m.group(1).lower(), text[m.end() : end].strip())
     action = found.get("action")
     if not action:
         raise PlanParseError(f"no 'Action:' line in the planner's answer: {text.strip()[:120]!r}")
@@ -78,15 +80,19 @@ class Planner:
         user: list[dict[str, Any]] = [{"type": "text", "text": prompts.PLANNER_TASK.format(instruction=instruction)}]
         for i, turn in enumerate(history):
             if i >= first_image and turn.screenshot is not None:
-                user += [{"type": "text", "text": prompts.PLANNER_HISTORY_SCREEN.format(step=i + 1)},
-                         {"type": "image", "image": turn.screenshot}]
+                user += [
+                    {"type": "text", "text": prompts.PLANNER_HISTORY_SCREEN.format(step=i + 1)},
+                    {"type": "image", "image": turn.screenshot},
+                ]
             else:
                 user.append({"type": "text", "text": f"Step {i + 1} (screenshot omitted)."})
             conv.append({"role": "user", "content": user})
             conv.append({"role": "assistant", "content": f"Thought: {turn.thought}\nAction: {turn.action}"})
             user = []
-        user += [{"type": "text", "text": prompts.PLANNER_STEP.format(step=len(history) + 1)},
-                 {"type": "image", "image": screenshot}]
+        user += [
+            {"type": "text", "text": prompts.PLANNER_STEP.format(step=len(history) + 1)},
+            {"type": "image", "image": screenshot},
+        ]
         conv.append({"role": "user", "content": user})
         return conv
 

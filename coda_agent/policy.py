@@ -9,6 +9,7 @@ call whose answer was used and whose model gave token ids: what trainers learn f
 + executor), the baselines `uitars` (UI-TARS alone), `planner-only` (the planner writes pyautogui code, as
 ScienceBoard's agents do), `oracle` (replays the task's solution), `random`, and `done` (answers DONE at once).
 """
+
 from __future__ import annotations
 
 import random
@@ -26,8 +27,21 @@ from .planner import Plan, PlanParseError, Planner, Turn
 from .types import Agent, AgentStep, Sample
 from .uitars import UITarsParseError, parse_uitars
 
-__all__ = ["AGENTS", "Agent", "AgentStep", "CodaAgent", "DoneAgent", "OracleAgent", "PlannerOnlyAgent",
-           "RandomAgent", "Sample", "UITarsAgent", "conversation_record", "make_agent", "planner_code"]
+__all__ = [
+    "AGENTS",
+    "Agent",
+    "AgentStep",
+    "CodaAgent",
+    "DoneAgent",
+    "OracleAgent",
+    "PlannerOnlyAgent",
+    "RandomAgent",
+    "Sample",
+    "UITarsAgent",
+    "conversation_record",
+    "make_agent",
+    "planner_code",
+]
 
 
 def conversation_record(conv: Conversation) -> list[dict]:
@@ -63,12 +77,22 @@ class _PlannerAgent:
     def _plan(self, batch: Sequence[tuple[int, dict]]) -> list[tuple[AgentStep, Plan | None]]:
         """One planner call for the batch: a WAIT step per entry with the call recorded, and its plan
         (None after a parse error, which is counted on the step)."""
-        convs = [self.planner.conversation(self.instructions[s], self.history[s], obs["screenshot"])
-                 for s, obs in batch]
+        convs = [
+            self.planner.conversation(self.instructions[s], self.history[s], obs["screenshot"]) for s, obs in batch
+        ]
         out = []
         for conv, (gen, plan) in zip(convs, self.planner.plan(convs)):
-            step = AgentStep("WAIT", calls=[{"model": "planner", "input": conversation_record(conv),
-                                            "output": gen.text, "seconds": round(gen.seconds, 3)}])
+            step = AgentStep(
+                "WAIT",
+                calls=[
+                    {
+                        "model": "planner",
+                        "input": conversation_record(conv),
+                        "output": gen.text,
+                        "seconds": round(gen.seconds, 3),
+                    }
+                ],
+            )
             if gen.token_ids:
                 step.samples.append(Sample("planner", conv, list(gen.token_ids), gen.logprobs))
             if isinstance(plan, PlanParseError):
@@ -88,11 +112,12 @@ class CodaAgent(_PlannerAgent):
     """Planner (Cerebrum) writes the step in words; executor (Cerebellum) turns it into a GUI action.
     Terminal answers of the planner go to the env directly; a parse failure of either is a counted
     parse error and the env gets WAIT (nothing happens; the episode goes on)."""
+
     name = "coda"
 
     def __init__(self, planner: Planner, executor):
         super().__init__(planner)
-        self.executor = executor            # executor.Executor (UI-TARS) or a11y_executor.A11yExecutor
+        self.executor = executor  # executor.Executor (UI-TARS) or a11y_executor.A11yExecutor
 
     @property
     def wants_a11y_tree(self) -> bool:
@@ -102,8 +127,9 @@ class CodaAgent(_PlannerAgent):
     def act(self, batch: Sequence[tuple[int, dict]]) -> list[AgentStep]:
         planned = self._plan(batch)
         steps = [step for step, _ in planned]
-        results = plans_to_actions(self.executor, [(self.instructions[slot], plan, obs)
-                                                   for (slot, obs), (_, plan) in zip(batch, planned)])
+        results = plans_to_actions(
+            self.executor, [(self.instructions[slot], plan, obs) for (slot, obs), (_, plan) in zip(batch, planned)]
+        )
         for step, res in zip(steps, results):
             step.calls += res.calls
             step.parse_errors += res.parse_errors
@@ -118,12 +144,25 @@ class CodaAgent(_PlannerAgent):
 # ------------------------------------------------------------------------------------------ baselines
 class UITarsAgent:
     """UI-TARS end to end: its computer-use prompt, the recent screenshots and its own earlier answers."""
+
     name = "uitars"
 
-    def __init__(self, model: VLM, screen: tuple[int, int] = (1280, 800), history_images: int = 5,
-                 coords: str = "absolute", tries: int = 3,
-                 params: SamplingParams | None = None):
-        self.model, self.screen, self.history_images, self.coords, self.tries = model, screen, history_images, coords, tries
+    def __init__(
+        self,
+        model: VLM,
+        screen: tuple[int, int] = (1280, 800),
+        history_images: int = 5,
+        coords: str = "absolute",
+        tries: int = 3,
+        params: SamplingParams | None = None,
+    ):
+        self.model, self.screen, self.history_images, self.coords, self.tries = (
+            model,
+            screen,
+            history_images,
+            coords,
+            tries,
+        )
         self.params = params or SamplingParams(max_new_tokens=256, temperature=1.0)
         self.history: dict[int, list[tuple[np.ndarray, str]]] = {}
         self.instructions: dict[int, str] = {}
@@ -148,15 +187,23 @@ class UITarsAgent:
         def parse(text: str) -> tuple[str, str]:
             thought, _ = parse_uitars(text)
             return thought or "", uitars_action(text, image_size, self.screen, self.coords)
+
         tries = generate_until_parsed(self.model, convs, self.params, parse, self.tries, (UITarsParseError,))
         steps = [AgentStep("WAIT") for _ in batch]
         answers = [""] * len(batch)
         for k, attempts in enumerate(tries):
-            sample = None                       # the last try that gave token ids: the one that counts
+            sample = None  # the last try that gave token ids: the one that counts
             for a in attempts:
                 g = a.generation
-                steps[k].calls.append({"model": "uitars", "attempt": a.number, "input": conversation_record(
-                    convs[k]) if a.number == 1 else "(same)", "output": g.text, "seconds": round(g.seconds, 3)})
+                steps[k].calls.append(
+                    {
+                        "model": "uitars",
+                        "attempt": a.number,
+                        "input": conversation_record(convs[k]) if a.number == 1 else "(same)",
+                        "output": g.text,
+                        "seconds": round(g.seconds, 3),
+                    }
+                )
                 if g.token_ids:
                     sample = Sample("policy", convs[k], list(g.token_ids), g.logprobs)
                 if a.ok:
@@ -180,13 +227,14 @@ def planner_code(plan: Plan, screen: tuple[int, int]) -> str:
         return plan.terminal
     m = _CODE.search(plan.action)
     code = (m.group(1) if m else plan.action).strip()
-    parse_action(code, screen)                    # raises ActionError; nothing is executed
+    parse_action(code, screen)  # raises ActionError; nothing is executed
     return code
 
 
 class PlannerOnlyAgent(_PlannerAgent):
     """The planner alone writes pyautogui code (the ScienceBoard baseline); code outside the whitelist
     is a counted parse error and the env gets WAIT."""
+
     name = "planner-only"
 
     def act(self, batch: Sequence[tuple[int, dict]]) -> list[AgentStep]:
@@ -204,6 +252,7 @@ class PlannerOnlyAgent(_PlannerAgent):
 
 class OracleAgent:
     """Replays the task's `solution`, then answers DONE."""
+
     name = "oracle"
 
     def __init__(self):
@@ -218,6 +267,7 @@ class OracleAgent:
 
 class DoneAgent:
     """Answers DONE at once: the floor every task's checks must reject."""
+
     name = "done"
 
     def reset(self, slot: int, task) -> None:
@@ -229,6 +279,7 @@ class DoneAgent:
 
 class RandomAgent:
     """Random valid clicks, keys and text; DONE with small probability."""
+
     name = "random"
 
     def __init__(self, seed: int = 0, screen: tuple[int, int] = (1280, 800)):
@@ -254,13 +305,14 @@ class RandomAgent:
 AGENTS = ("coda", "uitars", "planner-only", "oracle", "random", "done")
 
 
-A11Y_EXECUTOR = "a11y"          # --executor a11y: grounds the planner's step in the accessibility tree, no model
+A11Y_EXECUTOR = "a11y"  # --executor a11y: grounds the planner's step in the accessibility tree, no model
 
 
 def _load(spec, model_name: str | None, options: dict[str, Any]):
     """A model from a spec: a local checkpoint directory or an http(s):// endpoint (options that only a local
     model takes, device and dtype, are dropped for an endpoint); a model object is used as it is."""
     from .models import load_model
+
     if not isinstance(spec, str):
         return spec
     if spec.startswith(("http://", "https://")):
@@ -268,17 +320,26 @@ def _load(spec, model_name: str | None, options: dict[str, Any]):
     return load_model(spec, model_name, **options)
 
 
-def make_executor(executor, screen: tuple[int, int] = (1280, 800), executor_model: str | None = None,
-                  model_options: dict[str, Any] | None = None, tries: int = 3,
-                  params: SamplingParams | None = None, shared=None):
+def make_executor(
+    executor,
+    screen: tuple[int, int] = (1280, 800),
+    executor_model: str | None = None,
+    model_options: dict[str, Any] | None = None,
+    tries: int = 3,
+    params: SamplingParams | None = None,
+    shared=None,
+):
     """The coda agent's executor: `a11y` (the accessibility-tree executor, no model), UI-TARS from a spec
     (directory or endpoint) or a model object, or an executor object as it is. `shared`: (spec, model) of the
     planner, whose model is reused when the executor's spec is the same."""
     if executor is None:
-        raise ValueError("--agent coda needs --executor PATH_OR_URL (a UI-TARS-1.5 checkpoint or endpoint) "
-                         f"or --executor {A11Y_EXECUTOR}")
+        raise ValueError(
+            "--agent coda needs --executor PATH_OR_URL (a UI-TARS-1.5 checkpoint or endpoint) "
+            f"or --executor {A11Y_EXECUTOR}"
+        )
     if executor == A11Y_EXECUTOR:
         from .a11y_executor import A11yExecutor
+
         return A11yExecutor(screen)
     if hasattr(executor, "execute"):
         return executor
@@ -290,11 +351,22 @@ def make_executor(executor, screen: tuple[int, int] = (1280, 800), executor_mode
     return Executor(model, screen, tries=tries, **kw)
 
 
-def make_agent(name: str, app: str = "kalgebra", screen: tuple[int, int] = (1280, 800), planner=None,
-               executor=None, planner_model: str | None = None, executor_model: str | None = None,
-               history_images: int = 2, seed: int = 0, model_options: dict[str, Any] | None = None, *,
-               planner_params: SamplingParams | None = None, executor_params: SamplingParams | None = None,
-               executor_tries: int = 3) -> Agent:
+def make_agent(
+    name: str,
+    app: str = "kalgebra",
+    screen: tuple[int, int] = (1280, 800),
+    planner=None,
+    executor=None,
+    planner_model: str | None = None,
+    executor_model: str | None = None,
+    history_images: int = 2,
+    seed: int = 0,
+    model_options: dict[str, Any] | None = None,
+    *,
+    planner_params: SamplingParams | None = None,
+    executor_params: SamplingParams | None = None,
+    executor_tries: int = 3,
+) -> Agent:
     """Build an agent by name: the one factory `coda eval` and the trainers use. `planner`/`executor` are local
     checkpoint paths, http(s):// endpoints or model objects (a trainer passes the model it trains); the
     coda agent's executor may also be `a11y` (no model) or an executor object. The same spec for both loads
@@ -313,8 +385,13 @@ def make_agent(name: str, app: str = "kalgebra", screen: tuple[int, int] = (1280
         if executor == A11Y_EXECUTOR:
             raise ValueError(f"--agent uitars is a model: --executor {A11Y_EXECUTOR} is for --agent coda")
         kw = {"params": planner_params} if planner_params is not None else {}
-        return UITarsAgent(_load(executor, executor_model, opts), screen, history_images=max(1, history_images),
-                           tries=executor_tries, **kw)
+        return UITarsAgent(
+            _load(executor, executor_model, opts),
+            screen,
+            history_images=max(1, history_images),
+            tries=executor_tries,
+            **kw,
+        )
     if name not in AGENTS:
         raise ValueError(f"unknown agent {name!r}; choose from {', '.join(AGENTS)}")
     if not planner:
@@ -322,8 +399,9 @@ def make_agent(name: str, app: str = "kalgebra", screen: tuple[int, int] = (1280
     plan_model = _load(planner, planner_model, opts)
     pkw = {"params": planner_params} if planner_params is not None else {}
     if name == "planner-only":
-        return PlannerOnlyAgent(Planner(plan_model, app, screen, history_images, system=prompts.PLANNER_ONLY_SYSTEM,
-                                        **pkw))
+        return PlannerOnlyAgent(
+            Planner(plan_model, app, screen, history_images, system=prompts.PLANNER_ONLY_SYSTEM, **pkw)
+        )
     shared = (planner, plan_model) if isinstance(planner, str) and executor_model == planner_model else None
     ex = make_executor(executor, screen, executor_model, opts, executor_tries, executor_params, shared)
     return CodaAgent(Planner(plan_model, app, screen, history_images, **pkw), ex)

@@ -4,6 +4,7 @@ The planner (Cerebrum) writes the next step in words; the executor (Cerebellum, 
 computer-use prompt, the screenshot, and the planner's thought as the start of its answer. `planner-only`
 is the ScienceBoard-style baseline in which the planner writes pyautogui code itself.
 """
+
 from __future__ import annotations
 
 PLANNER_SYSTEM = """You are the planner of a computer-use agent that operates {app} on a Linux desktop \

@@ -9,6 +9,7 @@ that made it, a group key and a reward (by default the episode's, for GRPO over 
 one batch; a sample that carries its own key and reward keeps them: a step-level method groups by state),
 so that a training method picks the samples it learns from by role and compares them within groups by key.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,17 @@ from coda_env.runs import TrajectoryWriter, append_jsonl, py
 
 from .types import Agent, AgentStep, Role, Sample
 
-__all__ = ["Role", "Rollout", "Sample", "collect_groups", "make_vector_env", "run_episodes", "step_record",
-           "task_group_key", "unbatch_info"]
+__all__ = [
+    "Role",
+    "Rollout",
+    "Sample",
+    "collect_groups",
+    "make_vector_env",
+    "run_episodes",
+    "step_record",
+    "task_group_key",
+    "unbatch_info",
+]
 
 
 def unbatch_info(infos: dict, i: int) -> dict:
@@ -42,26 +52,45 @@ def unbatch_info(infos: dict, i: int) -> dict:
 
 def step_record(step: AgentStep) -> dict:
     """What the run folder keeps of an agent's step (coda_env.runs.TrajectoryWriter.record)."""
-    return {"thought": step.thought, "plan": step.plan, "action": step.action, "parse_errors": step.parse_errors,
-            "calls": step.calls}
+    return {
+        "thought": step.thought,
+        "plan": step.plan,
+        "action": step.action,
+        "parse_errors": step.parse_errors,
+        "calls": step.calls,
+    }
 
 
 def make_vector_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.VectorEnv:
     """N envs, each with its own desktop (async when N > 1), in the autoreset mode `run_episodes` expects; a
     task whose set-up fails is one failed episode there (coda_env.wrappers.SetupFailure), not the run's end."""
     from coda_env.wrappers import SetupFailure
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="async" if num_envs > 1 else "sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
-                        wrappers=[SetupFailure], **env_kwargs)
+
+    return gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="async" if num_envs > 1 else "sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+        wrappers=[SetupFailure],
+        **env_kwargs,
+    )
 
 
-OnStart = Callable[[int, Any, int, np.ndarray], None]                     # slot, task, episode, first screenshot
+OnStart = Callable[[int, Any, int, np.ndarray], None]  # slot, task, episode, first screenshot
 OnStep = Callable[[int, "AgentStep", np.ndarray, float, dict, float], None]  # slot, step, screen, reward, info, agent s
-OnEnd = Callable[[int, float, dict], None]                               # slot, final reward, final info
+OnEnd = Callable[[int, float, dict], None]  # slot, final reward, final info
 
 
-def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: Sequence[tuple[str, int]],
-                 on_start: OnStart, on_step: OnStep, on_end: OnEnd, seed: int | None = None) -> None:
+def run_episodes(
+    envs: gym.vector.VectorEnv,
+    agent: Agent,
+    tasks: dict,
+    queue: Sequence[tuple[str, int]],
+    on_start: OnStart,
+    on_step: OnStep,
+    on_end: OnEnd,
+    seed: int | None = None,
+) -> None:
     """Run every (task id, episode) of `queue` to its end. The envs are reset first (so a vector env can be
     reused across calls) and each env gets its next task as soon as it finishes one. A reset whose set-up
     failed (info["setup_error"], from coda_env.wrappers.SetupFailure) is an episode that starts and ends
@@ -75,9 +104,9 @@ def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: S
     envs.set_attr("next_task", [p[0] if p else None for p in pending])
     obs, infos = envs.reset(seed=seed)
     active = [False] * n
-    fresh = np.ones(n, dtype=bool)             # envs whose obs is a fresh reset
-    autoreset = np.zeros(n, dtype=bool)        # envs that reset on the next step (NEXT_STEP mode)
-    failed = np.zeros(n, dtype=bool)           # envs whose reset failed: their next step ends that episode
+    fresh = np.ones(n, dtype=bool)  # envs whose obs is a fresh reset
+    autoreset = np.zeros(n, dtype=bool)  # envs that reset on the next step (NEXT_STEP mode)
+    failed = np.zeros(n, dtype=bool)  # envs whose reset failed: their next step ends that episode
     while True:
         for i in np.flatnonzero(fresh):
             if pending[i] is not None:
@@ -89,8 +118,11 @@ def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: S
                 pending[i] = None
                 if info.get("setup_error"):
                     on_start(int(i), tasks[tid], ep, obs["screenshot"][i])
-                    on_end(int(i), 0.0, {"task": tid, "success": False, "checks": [],
-                                         "error": f"set-up failed: {info['setup_error']}"})
+                    on_end(
+                        int(i),
+                        0.0,
+                        {"task": tid, "success": False, "checks": [], "error": f"set-up failed: {info['setup_error']}"},
+                    )
                     failed[i] = True
                     pending[i] = queue.pop(0) if queue else None
                     continue
@@ -107,8 +139,8 @@ def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: S
         for i, st in zip(slots, steps):
             actions[i] = st.action
         obs, rewards, terms, truncs, infos = envs.step(tuple(actions))
-        failed[:] = False                          # this step ended their empty episodes (terminated)
-        fresh = autoreset                          # this step reset them: their obs starts an episode
+        failed[:] = False  # this step ended their empty episodes (terminated)
+        fresh = autoreset  # this step reset them: their obs starts an episode
         for i, st in zip(slots, steps):
             info = unbatch_info(infos, i)
             on_step(i, st, obs["screenshot"][i], float(rewards[i]), info, agent_s)
@@ -125,11 +157,12 @@ def run_episodes(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, queue: S
 @dataclass
 class Rollout:
     """One episode as a trainer sees it: its samples (every role) and its reward."""
+
     task: str
     app: str
-    group: str                                    # the group key its samples carry
+    group: str  # the group key its samples carry
     samples: list[Sample] = field(default_factory=list)
-    steps: list[dict] = field(default_factory=list)   # JSON-safe step records (thought, action, errors)
+    steps: list[dict] = field(default_factory=list)  # JSON-safe step records (thought, action, errors)
     reward: float = 0.0
     success: bool = False
     info: dict = field(default_factory=dict)
@@ -140,13 +173,20 @@ def task_group_key(task_id: str, index: int) -> str:
     return f"{task_id}#{index}"
 
 
-OnSample = Callable[["Rollout", int, AgentStep, dict], None]   # rollout, step number (1-based), step, env info
+OnSample = Callable[["Rollout", int, AgentStep, dict], None]  # rollout, step number (1-based), step, env info
 
 
-def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_ids: Sequence[str],
-                   group_size: int, seed: int | None = None, out: Path | None = None,
-                   group_key: Callable[[str, int], str] = task_group_key,
-                   tag_step: OnSample | None = None) -> list[Rollout]:
+def collect_groups(
+    envs: gym.vector.VectorEnv,
+    agent: Agent,
+    tasks: dict,
+    task_ids: Sequence[str],
+    group_size: int,
+    seed: int | None = None,
+    out: Path | None = None,
+    group_key: Callable[[str, int], str] = task_group_key,
+    tag_step: OnSample | None = None,
+) -> list[Rollout]:
     """G = `group_size` episodes of every task in `task_ids`, batched over the envs; rollouts in queue order.
     Each episode's samples carry `group_key(task id, index of the task in task_ids)` and, once it ends, its
     reward, unless the sample already carries its own (`Sample.group`/`Sample.reward` not None): a method that
@@ -176,8 +216,15 @@ def collect_groups(envs: gym.vector.VectorEnv, agent: Agent, tasks: dict, task_i
             if sample.group is None:
                 sample.group = r.group
             r.samples.append(sample)
-        r.steps.append({"thought": step.thought, "plan": step.plan, "action": step.action,
-                        "parse_errors": step.parse_errors, "action_error": info.get("action_error")})
+        r.steps.append(
+            {
+                "thought": step.thought,
+                "plan": step.plan,
+                "action": step.action,
+                "parse_errors": step.parse_errors,
+                "action_error": info.get("action_error"),
+            }
+        )
         if slot in writers:
             writers[slot].record(step_record(step), shot, reward, info, agent_s)
 

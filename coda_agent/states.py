@@ -33,6 +33,7 @@ its enter, one key, ...; each earlier step is remembered in words, as a planner 
 rollouts; success by the checks or by a VLM judge), one state per step whose action was performed.
 Commands: `coda data states SOURCES... --out DIR`, `coda data show DIR`.
 """
+
 from __future__ import annotations
 
 import io
@@ -50,26 +51,68 @@ from . import prompts
 from .planner import Planner, Turn
 from .types import Conversation
 
-DEFAULT_RADIUS = 20.0          # pixels (= coda_agent.train.rewards.DEFAULT_RADIUS)
-BOX_MAX_FRACTION = 1 / 8       # an element larger than this share of the screen is no target box
-_NO_BOX_ROLES = frozenset({"frame", "page tab list", "status bar", "application", "filler", "panel",
-                           "layered pane", "scroll pane", "window"})
-COLUMNS = ("id", "app", "task", "step", "source", "instruction", "history", "images", "target", "box", "radius",
-           "screen", "a11y")
-_POINTER = {"click": "Click", "double_click": "Double-click", "triple_click": "Triple-click",
-            "right_click": "Right-click", "middle_click": "Middle-click", "move": "Hover over"}
-_NOUN = {"page tab": "tab", "push button": "button", "toggle button": "button", "tree item": "item",
-         "list item": "item", "table cell": "cell", "text": "field", "entry": "field", "spin box": "field"}
+DEFAULT_RADIUS = 20.0  # pixels (= coda_agent.train.rewards.DEFAULT_RADIUS)
+BOX_MAX_FRACTION = 1 / 8  # an element larger than this share of the screen is no target box
+_NO_BOX_ROLES = frozenset(
+    {"frame", "page tab list", "status bar", "application", "filler", "panel", "layered pane", "scroll pane", "window"}
+)
+COLUMNS = (
+    "id",
+    "app",
+    "task",
+    "step",
+    "source",
+    "instruction",
+    "history",
+    "images",
+    "target",
+    "box",
+    "radius",
+    "screen",
+    "a11y",
+)
+_POINTER = {
+    "click": "Click",
+    "double_click": "Double-click",
+    "triple_click": "Triple-click",
+    "right_click": "Right-click",
+    "middle_click": "Middle-click",
+    "move": "Hover over",
+}
+_NOUN = {
+    "page tab": "tab",
+    "push button": "button",
+    "toggle button": "button",
+    "tree item": "item",
+    "list item": "item",
+    "table cell": "cell",
+    "text": "field",
+    "entry": "field",
+    "spin box": "field",
+}
 
 
 def features():
     """The dataset's `datasets.Features` (COLUMNS, typed)."""
     from datasets import Features, Image, Sequence, Value
-    return Features({"id": Value("string"), "app": Value("string"), "task": Value("string"),
-                     "step": Value("int32"), "source": Value("string"), "instruction": Value("string"),
-                     "history": Value("string"), "images": Sequence(Image()), "target": Value("string"),
-                     "box": Sequence(Value("int32")), "radius": Value("float32"), "screen": Sequence(Value("int32")),
-                     "a11y": Value("string")})
+
+    return Features(
+        {
+            "id": Value("string"),
+            "app": Value("string"),
+            "task": Value("string"),
+            "step": Value("int32"),
+            "source": Value("string"),
+            "instruction": Value("string"),
+            "history": Value("string"),
+            "images": Sequence(Image()),
+            "target": Value("string"),
+            "box": Sequence(Value("int32")),
+            "radius": Value("float32"),
+            "screen": Sequence(Value("int32")),
+            "a11y": Value("string"),
+        }
+    )
 
 
 # ------------------------------------------------------------------------------------------ labels
@@ -85,7 +128,7 @@ def _pieces(code: str, screen: tuple[int, int]) -> list[tuple[str, str]]:
     """(label, code to perform) per executor-sized step: the code keeps the sleeps around the step (before it;
     trailing ones after the last step)."""
     acts = parse_action(code, screen)
-    groups: list[tuple[list, list]] = []            # (the step's actions, the sleeps before it)
+    groups: list[tuple[list, list]] = []  # (the step's actions, the sleeps before it)
     pending: list = []
     i = 0
     while i < len(acts):
@@ -94,13 +137,13 @@ def _pieces(code: str, screen: tuple[int, int]) -> list[tuple[str, str]]:
             pending.append(a)
             i += 1
             continue
-        pair = (a.kind == "move" and nxt is not None and nxt.kind == "drag") or \
-            (a.kind == "type" and nxt is not None and nxt.kind == "press" and nxt.keys == ("enter",)
-             and nxt.presses == 1)
+        pair = (a.kind == "move" and nxt is not None and nxt.kind == "drag") or (
+            a.kind == "type" and nxt is not None and nxt.kind == "press" and nxt.keys == ("enter",) and nxt.presses == 1
+        )
         groups.append(([a, nxt] if pair else [a], pending))
         pending = []
         i += 2 if pair else 1
-    if not groups:                                   # only sleeps: performed, no step of their own
+    if not groups:  # only sleeps: performed, no step of their own
         return []
     out = []
     for k, (step, before) in enumerate(groups):
@@ -125,8 +168,9 @@ def target_element(code: str, elements: Sequence[Element], screen: tuple[int, in
     p = _first_point(code, screen)
     if p is None:
         return None
-    return element_at([e for e in elements if e.role not in _NO_BOX_ROLES], *p,
-                      max_area=int(screen[0] * screen[1] * BOX_MAX_FRACTION))
+    return element_at(
+        [e for e in elements if e.role not in _NO_BOX_ROLES], *p, max_area=int(screen[0] * screen[1] * BOX_MAX_FRACTION)
+    )
 
 
 def _q(s: str) -> str:
@@ -165,9 +209,17 @@ def describe_action(code: str, elements: Sequence[Element] = (), screen: tuple[i
             words.append(f"Drag from ({a.x}, {a.y}) to ({nxt.x}, {nxt.y})")
             i += 1
         elif k in _POINTER or k == "click":
-            t = {("left", 1): "click", ("left", 2): "double_click", ("left", 3): "triple_click",
-                 ("right", 1): "right_click", ("middle", 1): "middle_click"}.get((a.button, a.clicks), "click") \
-                if k == "click" else k
+            t = (
+                {
+                    ("left", 1): "click",
+                    ("left", 2): "double_click",
+                    ("left", 3): "triple_click",
+                    ("right", 1): "right_click",
+                    ("middle", 1): "middle_click",
+                }.get((a.button, a.clicks), "click")
+                if k == "click"
+                else k
+            )
             verb = _POINTER.get(t, "Click")
             e = target_element(a.to_pyautogui(), elements, screen) if a.x is not None else None
             if e is not None and e.name and sum(x.name == e.name and x.role == e.role for x in elements) == 1:
@@ -187,27 +239,59 @@ def describe_action(code: str, elements: Sequence[Element] = (), screen: tuple[i
 # ------------------------------------------------------------------------------------------ records
 def _png(frame: np.ndarray) -> dict:
     from PIL import Image
+
     buf = io.BytesIO()
     Image.fromarray(np.asarray(frame)).save(buf, format="PNG", compress_level=1)
     return {"bytes": buf.getvalue(), "path": None}
 
 
-def _record(*, id: str, app: str, task: str, step: int, source: str, instruction: str, history: list[dict],
-            images: list, target: str, box: tuple | None, radius: float, screen: tuple[int, int],
-            a11y: str) -> dict:
-    return {"id": id, "app": app, "task": task, "step": int(step), "source": source, "instruction": instruction,
-            "history": json.dumps(history), "images": images, "target": target,
-            "box": [int(v) for v in box] if box else [], "radius": float(radius),
-            "screen": [int(screen[0]), int(screen[1])], "a11y": a11y or ""}
+def _record(
+    *,
+    id: str,
+    app: str,
+    task: str,
+    step: int,
+    source: str,
+    instruction: str,
+    history: list[dict],
+    images: list,
+    target: str,
+    box: tuple | None,
+    radius: float,
+    screen: tuple[int, int],
+    a11y: str,
+) -> dict:
+    return {
+        "id": id,
+        "app": app,
+        "task": task,
+        "step": int(step),
+        "source": source,
+        "instruction": instruction,
+        "history": json.dumps(history),
+        "images": images,
+        "target": target,
+        "box": [int(v) for v in box] if box else [],
+        "radius": float(radius),
+        "screen": [int(screen[0]), int(screen[1])],
+        "a11y": a11y or "",
+    }
 
 
-def oracle_states(env_id: str = "coda/KAlgebra-v0", tasks: Sequence[str] | None = None,
-                  task_dirs: Sequence[str] | None = None, history_images: int = 2, radius: float = DEFAULT_RADIUS,
-                  report: dict | None = None, progress: Callable[[str], None] | None = None) -> Iterator[dict]:
+def oracle_states(
+    env_id: str = "coda/KAlgebra-v0",
+    tasks: Sequence[str] | None = None,
+    task_dirs: Sequence[str] | None = None,
+    history_images: int = 2,
+    radius: float = DEFAULT_RADIUS,
+    report: dict | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Iterator[dict]:
     """States of the tasks' oracle solutions replayed in the real env, each recorded before its action. A
     task whose replay does not succeed (its checks fail, an action errs) gives no states; `report` (when
     given) gets per-task counts and the reasons tasks were left out."""
     import gymnasium as gym
+
     kwargs: dict[str, Any] = {"a11y_tree": True, "max_steps": 10_000}
     if task_dirs:
         kwargs["task_dirs"] = [str(Path(d).resolve()) for d in task_dirs]
@@ -242,7 +326,7 @@ def oracle_states(env_id: str = "coda/KAlgebra-v0", tasks: Sequence[str] | None 
 def _replay(env, task, screen, history_images: int, radius: float) -> tuple[list[dict], str | None]:
     obs, info = env.reset(options={"task": task.id})
     pieces: list[tuple[str, str]] = []
-    carry = ""                                       # an action of sleeps only: performed with the next step
+    carry = ""  # an action of sleeps only: performed with the next step
     for action in task.solution:
         got = _pieces(action, screen)
         if not got:
@@ -260,11 +344,24 @@ def _replay(env, task, screen, history_images: int, radius: float) -> tuple[list
         elements = parse_table(table)
         current = _png(obs["screenshot"])
         el = target_element(piece, elements, screen)
-        earlier = shots[len(shots) - min(history_images, len(shots)):] if history_images > 0 else []
-        records.append(_record(id=f"oracle:{task.id}:{n}", app=task.app, task=task.id, step=n, source="oracle",
-                               instruction=task.instruction, history=list(history), images=[*earlier, current],
-                               target=piece, box=el.box if el is not None else None, radius=radius, screen=screen,
-                               a11y=table))
+        earlier = shots[len(shots) - min(history_images, len(shots)) :] if history_images > 0 else []
+        records.append(
+            _record(
+                id=f"oracle:{task.id}:{n}",
+                app=task.app,
+                task=task.id,
+                step=n,
+                source="oracle",
+                instruction=task.instruction,
+                history=list(history),
+                images=[*earlier, current],
+                target=piece,
+                box=el.box if el is not None else None,
+                radius=radius,
+                screen=screen,
+                a11y=table,
+            )
+        )
         history.append({"thought": "", "action": describe_action(piece, elements, screen)})
         shots.append(current)
         obs, reward, term, trunc, info = env.step(run)
@@ -287,27 +384,36 @@ def keep_performed(step: dict) -> bool:
     return not (step.get("action") == "WAIT" and step.get("parse_errors"))
 
 
-def run_states(run: str | Path, judge=None, history_images: int = 2, radius: float = DEFAULT_RADIUS,
-               keep_episode: Callable[[dict], bool] | None = None,
-               keep_step: Callable[[dict], bool] = keep_performed, report: dict | None = None) -> Iterator[dict]:
+def run_states(
+    run: str | Path,
+    judge=None,
+    history_images: int = 2,
+    radius: float = DEFAULT_RADIUS,
+    keep_episode: Callable[[dict], bool] | None = None,
+    keep_step: Callable[[dict], bool] = keep_performed,
+    report: dict | None = None,
+) -> Iterator[dict]:
     """States of the successful episodes of one run folder (episodes.jsonl + trajectories/): success by the
     checks, or by `judge` (a coda_agent.judge.Judge) when given; `keep_episode` overrides both. Each kept
     step (`keep_step`) is one state: the screenshot before it, the history as the agent kept it (thought, and
     its step in words or the env action), and the action it performed as the label (no box: a run folder
     holds no accessibility tree, so `radius` stands for it)."""
     from coda_env.runs import load_episodes, read_jsonl
+
     run = Path(run)
     source = f"run:{run}"
     episodes, skipped = load_episodes(run)
     report = report if report is not None else {}
-    counts = report.setdefault("runs", {}).setdefault(str(run), {"episodes": 0, "kept": 0, "states": 0,
-                                                                  "skipped": len(skipped)})
+    counts = report.setdefault("runs", {}).setdefault(
+        str(run), {"episodes": 0, "kept": 0, "states": 0, "skipped": len(skipped)}
+    )
     for ep in episodes:
         counts["episodes"] += 1
         if keep_episode is not None:
             keep = keep_episode(ep)
         elif judge is not None:
             from coda_env.runs import read_png
+
             keep = judge.judge(ep["instruction"], [read_png(p) for p in ep["pngs"]], ep.get("answer")).success
         else:
             keep = bool(ep["check"])
@@ -317,6 +423,7 @@ def run_states(run: str | Path, judge=None, history_images: int = 2, radius: flo
         pngs = ep["pngs"]
         steps = read_jsonl(pngs[0].parent / "steps.jsonl")
         from PIL import Image
+
         with Image.open(pngs[0]) as im:
             screen = im.size
         shots = [{"bytes": p.read_bytes(), "path": None} for p in pngs]
@@ -329,18 +436,30 @@ def run_states(run: str | Path, judge=None, history_images: int = 2, radius: flo
             except ActionError:
                 ok = False
             if ok:
-                earlier = shots[max(0, k - history_images):k] if history_images > 0 else []
+                earlier = shots[max(0, k - history_images) : k] if history_images > 0 else []
                 counts["states"] += 1
-                yield _record(id=f"{source}:{ep['task']}__{ep['episode']}:{k + 1}", app=ep["app"] or "",
-                              task=ep["task"], step=k + 1, source=source, instruction=ep["instruction"],
-                              history=list(history), images=[*earlier, shots[k]], target=action, box=None,
-                              radius=radius, screen=screen, a11y="")
+                yield _record(
+                    id=f"{source}:{ep['task']}__{ep['episode']}:{k + 1}",
+                    app=ep["app"] or "",
+                    task=ep["task"],
+                    step=k + 1,
+                    source=source,
+                    instruction=ep["instruction"],
+                    history=list(history),
+                    images=[*earlier, shots[k]],
+                    target=action,
+                    box=None,
+                    radius=radius,
+                    screen=screen,
+                    a11y="",
+                )
             history.append({"thought": st.get("thought", ""), "action": st.get("plan") or action})
 
 
 def build(records: Iterable[dict], out: str | Path):
     """Write the records as a `datasets` dataset to `out` (save_to_disk); returns the dataset."""
     from datasets import Dataset
+
     rows = list(records)
     if not rows:
         raise ValueError("no states to write (no successful episodes or oracle replays in the sources)")
@@ -352,6 +471,7 @@ def build(records: Iterable[dict], out: str | Path):
 def load(path: str | Path):
     """A state dataset written by `build` (`datasets.load_from_disk`), its columns checked."""
     from datasets import load_from_disk
+
     p = Path(path)
     if not (p / "dataset_info.json").exists() and not (p / "state.json").exists():
         raise ValueError(f"{p} is not a state dataset (no datasets files there; `coda data states` writes one)")
@@ -365,6 +485,7 @@ def load(path: str | Path):
 # ------------------------------------------------------------------------------------------ prompts
 def _array(image) -> np.ndarray:
     from PIL import Image
+
     if isinstance(image, np.ndarray):
         return image
     if isinstance(image, dict):
@@ -378,13 +499,16 @@ def history_turns(record: dict) -> tuple[list[Turn], np.ndarray]:
     images = [_array(im) for im in record["images"]]
     earlier, current = images[:-1], images[-1]
     first = len(hist) - len(earlier)
-    turns = [Turn(earlier[i - first] if i >= first else None, h.get("thought", ""), h.get("action", ""))
-             for i, h in enumerate(hist)]
+    turns = [
+        Turn(earlier[i - first] if i >= first else None, h.get("thought", ""), h.get("action", ""))
+        for i, h in enumerate(hist)
+    ]
     return turns, current
 
 
-def planner_conversation(record: dict, planner: Planner | None = None, *, history_images: int | None = None,
-                         system: str | None = None) -> Conversation:
+def planner_conversation(
+    record: dict, planner: Planner | None = None, *, history_images: int | None = None, system: str | None = None
+) -> Conversation:
     """The planner's prompt at the record's state, built by coda_agent.planner.Planner.conversation itself
     (so it is exactly what the live agent builds): system prompt for the record's app and screen, the task,
     the earlier turns with the stored screenshots of the last `history_images` of them, the current screen.
@@ -396,46 +520,73 @@ def planner_conversation(record: dict, planner: Planner | None = None, *, histor
     if h > stored and len(turns) > stored:
         raise ValueError(f"state {record['id']} stores {stored} earlier screenshots; the planner wants {h}")
     sys_prompt = system if system is not None else planner.system if planner is not None else prompts.PLANNER_SYSTEM
-    p = Planner(None, record["app"], screen=(int(record["screen"][0]), int(record["screen"][1])),  # type: ignore
-                history_images=h, system=sys_prompt)
+    p = Planner(
+        None,
+        record["app"],
+        screen=(int(record["screen"][0]), int(record["screen"][1])),  # type: ignore
+        history_images=h,
+        system=sys_prompt,
+    )
     return p.conversation(record["instruction"], turns, current)
 
 
 def state_observation(record: dict) -> dict:
     """The env observation at the record's state, as an executor gets it (screenshot, instruction, a11y_tree)."""
-    return {"screenshot": _array(record["images"][-1]), "instruction": record["instruction"],
-            "a11y_tree": record.get("a11y") or ""}
+    return {
+        "screenshot": _array(record["images"][-1]),
+        "instruction": record["instruction"],
+        "a11y_tree": record.get("a11y") or "",
+    }
 
 
 # ------------------------------------------------------------------------------------------ commands
 def add_arguments(sub) -> None:
     """`coda data states` and `coda data show`."""
     import argparse
+
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    s = sub.add_parser("states", formatter_class=fmt, help="build a state dataset from oracle replays and run folders",
-                       description="Build a state dataset (datasets.save_to_disk) for step-level training: "
-                       "SOURCES are `oracle` (the env's tasks' oracle solutions replayed in the real env) and/or "
-                       "run folders (`coda eval` / `coda train` rollouts; globs allowed), whose successful "
-                       "episodes (by their checks, or by --judge) give one state per performed step.")
+    s = sub.add_parser(
+        "states",
+        formatter_class=fmt,
+        help="build a state dataset from oracle replays and run folders",
+        description="Build a state dataset (datasets.save_to_disk) for step-level training: "
+        "SOURCES are `oracle` (the env's tasks' oracle solutions replayed in the real env) and/or "
+        "run folders (`coda eval` / `coda train` rollouts; globs allowed), whose successful "
+        "episodes (by their checks, or by --judge) give one state per performed step.",
+    )
     s.add_argument("sources", nargs="+", metavar="SOURCE", help="`oracle` or a run folder (glob allowed)")
     s.add_argument("--out", required=True, help="folder for the dataset (must not exist, or be empty)")
     s.add_argument("--env", default="coda/KAlgebra-v0", help="env id whose tasks `oracle` replays")
     s.add_argument("--tasks", nargs="*", default=None, help="task ids for `oracle` (default: all with a solution)")
     s.add_argument("--tasks-dir", action="append", default=[], metavar="DIR", help="more task files for `oracle`")
-    s.add_argument("--judge", action="append", default=None, metavar="PATH_OR_URL",
-                   help="decide run folders' success with a VLM judge instead of the checks (repeat: an ensemble)")
+    s.add_argument(
+        "--judge",
+        action="append",
+        default=None,
+        metavar="PATH_OR_URL",
+        help="decide run folders' success with a VLM judge instead of the checks (repeat: an ensemble)",
+    )
     s.add_argument("--judge-threshold", type=float, default=0.5, help="judge success = score >= this")
     s.add_argument("--history", type=int, default=2, help="screenshots of earlier steps stored with each state")
-    s.add_argument("--radius", type=float, default=DEFAULT_RADIUS,
-                   help="pixels around a target point that count as on target where there is no element box")
+    s.add_argument(
+        "--radius",
+        type=float,
+        default=DEFAULT_RADIUS,
+        help="pixels around a target point that count as on target where there is no element box",
+    )
     s.add_argument("--quiet", action="store_true", help="no progress lines")
-    w = sub.add_parser("show", formatter_class=fmt, help="counts of a state dataset per app, action type, source",
-                       description="Counts of a state dataset's states per app, action type and source.")
+    w = sub.add_parser(
+        "show",
+        formatter_class=fmt,
+        help="counts of a state dataset per app, action type, source",
+        description="Counts of a state dataset's states per app, action type and source.",
+    )
     w.add_argument("dir", help="the dataset folder (`coda data states --out`)")
 
 
 def _sources(items: Sequence[str]) -> list[str | Path]:
     import glob
+
     out: list[str | Path] = []
     for s in items:
         if s == "oracle":
@@ -459,11 +610,13 @@ def main_states(args) -> int:
     judge = None
     if args.judge:
         from .judge import Judge, JudgeConfig
+
         judge = Judge(JudgeConfig(models=list(args.judge), threshold=args.judge_threshold))
     report: dict = {}
     say = (lambda m: None) if args.quiet else (lambda m: print(m, flush=True))
     if args.quiet:
         from datasets.utils.logging import disable_progress_bar
+
         disable_progress_bar()
     t0 = time.monotonic()
 
@@ -471,11 +624,19 @@ def main_states(args) -> int:
         for src in sources:
             if src == "oracle":
                 say(f"oracle replays of {args.env}")
-                yield from oracle_states(args.env, args.tasks, args.tasks_dir, args.history, args.radius, report,
-                                         progress=lambda t: say(f"  {t}"))
+                yield from oracle_states(
+                    args.env,
+                    args.tasks,
+                    args.tasks_dir,
+                    args.history,
+                    args.radius,
+                    report,
+                    progress=lambda t: say(f"  {t}"),
+                )
             else:
                 say(f"run folder {src}")
                 yield from run_states(src, judge, args.history, args.radius, report=report)
+
     ds = build(records(), out)
     seconds = time.monotonic() - t0
     for tid, why in report.get("left_out", {}).items():
@@ -489,6 +650,7 @@ def main_states(args) -> int:
 def counts(ds) -> dict[str, dict[str, int]]:
     """States per app, action type (coda_agent.train.rewards.action_type of the target) and source."""
     from .train.rewards import action_type
+
     out: dict[str, dict[str, int]] = {"app": {}, "action type": {}, "source": {}}
     cols = ds.select_columns(["app", "source", "target", "screen"])
     for row in cols:
@@ -504,8 +666,10 @@ def counts(ds) -> dict[str, dict[str, int]]:
 def main_show(args) -> int:
     ds = load(args.dir)
     c = counts(ds)
-    print(f"{args.dir}: {len(ds)} states, {len(set(ds['task']))} tasks, "
-          f"{sum(1 for b in ds['box'] if b)} with a target box")
+    print(
+        f"{args.dir}: {len(ds)} states, {len(set(ds['task']))} tasks, "
+        f"{sum(1 for b in ds['box'] if b)} with a target box"
+    )
     for key, table in c.items():
         print(f"{key}:")
         for k, n in sorted(table.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -513,7 +677,19 @@ def main_show(args) -> int:
     return 0
 
 
-__all__ = ["COLUMNS", "DEFAULT_RADIUS", "build", "counts", "describe_action", "features", "history_turns", "load",
-           "oracle_states", "planner_conversation", "run_states", "split_action", "state_observation",
-           "target_element"]
-
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_RADIUS",
+    "build",
+    "counts",
+    "describe_action",
+    "features",
+    "history_turns",
+    "load",
+    "oracle_states",
+    "planner_conversation",
+    "run_states",
+    "split_action",
+    "state_observation",
+    "target_element",
+]

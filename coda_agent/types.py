@@ -7,6 +7,7 @@ that models, executors, agents, rollouts and trainers can all name them without 
     AgentStep      what an agent did at one step of one env: the env action and how it was made
     Agent          the protocol every agent follows (reset a slot, act on a batch of observations)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ class Sample:
     `group` and `reward` belong to the sample: whoever makes or collects it may set them (a step-level method
     groups by state and scores each action; episodic GRPO groups by task and gives every sample its episode's
     reward). `rollout.collect_groups` fills only what is still unset (None)."""
+
     role: Role
     conversation: Conversation
     token_ids: list[int]
@@ -37,12 +39,12 @@ class Sample:
 
 @dataclass
 class AgentStep:
-    action: str                                   # what goes to env.step
+    action: str  # what goes to env.step
     thought: str = ""
-    plan: str = ""                                # the planner's step in words (coda) or the raw action
+    plan: str = ""  # the planner's step in words (coda) or the raw action
     calls: list[dict] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)   # the used model calls that gave token ids
+    samples: list[Sample] = field(default_factory=list)  # the used model calls that gave token ids
 
 
 class Agent(Protocol):

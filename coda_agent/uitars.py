@@ -6,6 +6,7 @@ may follow one another separated by blank lines. Points come as `(x,y)`, `<|box_
 image as Qwen2.5-VL resized it (UI-TARS-1.5, `coords="absolute"`) or 0..1000 (`coords="relative1000"`,
 UI-TARS v1). No `ui-tars` package is used: its parser evaluates model output, which this project never does.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,16 +18,57 @@ from coda_env.actions import KEY_ALIASES, KEY_NAMES, ActionError, parse_action
 MAX_OUTPUT = 10_000
 SCROLL_CLICKS = 5
 
-ACTIONS = {"click", "left_single", "left_double", "right_single", "drag", "select", "hotkey", "press", "keydown",
-           "keyup", "type", "scroll", "wait", "finished", "call_user", "hover", "mouse_move"}
+ACTIONS = {
+    "click",
+    "left_single",
+    "left_double",
+    "right_single",
+    "drag",
+    "select",
+    "hotkey",
+    "press",
+    "keydown",
+    "keyup",
+    "type",
+    "scroll",
+    "wait",
+    "finished",
+    "call_user",
+    "hover",
+    "mouse_move",
+}
 POINT_ARGS = {"start_box": "start", "point": "start", "start_point": "start", "end_box": "end", "end_point": "end"}
-NEEDS = {"click": ["start"], "left_single": ["start"], "left_double": ["start"], "right_single": ["start"],
-         "hover": ["start"], "mouse_move": ["start"], "drag": ["start", "end"], "select": ["start", "end"],
-         "hotkey": ["key"], "press": ["key"], "keydown": ["key"], "keyup": ["key"], "type": ["content"],
-         "scroll": ["direction"]}
-UITARS_KEYS = {"arrowleft": "left", "arrowright": "right", "arrowup": "up", "arrowdown": "down",
-               "control": "ctrl", "meta": "win", "super": "win", "cmd": "command", "escape": "esc",
-               "return": "enter", "pagedown": "pagedown", "pageup": "pageup", "spacebar": "space"}
+NEEDS = {
+    "click": ["start"],
+    "left_single": ["start"],
+    "left_double": ["start"],
+    "right_single": ["start"],
+    "hover": ["start"],
+    "mouse_move": ["start"],
+    "drag": ["start", "end"],
+    "select": ["start", "end"],
+    "hotkey": ["key"],
+    "press": ["key"],
+    "keydown": ["key"],
+    "keyup": ["key"],
+    "type": ["content"],
+    "scroll": ["direction"],
+}
+UITARS_KEYS = {
+    "arrowleft": "left",
+    "arrowright": "right",
+    "arrowup": "up",
+    "arrowdown": "down",
+    "control": "ctrl",
+    "meta": "win",
+    "super": "win",
+    "cmd": "command",
+    "escape": "esc",
+    "return": "enter",
+    "pagedown": "pagedown",
+    "pageup": "pageup",
+    "spacebar": "space",
+}
 
 
 class UITarsParseError(ValueError):
@@ -36,7 +78,7 @@ class UITarsParseError(ValueError):
 @dataclass
 class UITarsAction:
     kind: str
-    args: dict = field(default_factory=dict)      # points as (x, y) floats in the model's coordinate space
+    args: dict = field(default_factory=dict)  # points as (x, y) floats in the model's coordinate space
 
 
 def _excerpt(s: str) -> str:
@@ -80,7 +122,7 @@ def _calls(text: str) -> list[tuple[str, dict[str, str]]]:
             while i < len(text) and text[i] in " \t\n,":
                 i += 1
             if i >= len(text):
-                break                                    # a missing final ')' at the very end is tolerated
+                break  # a missing final ')' at the very end is tolerated
             if text[i] == ")":
                 i += 1
                 break
@@ -126,7 +168,7 @@ def parse_uitars(text: str) -> tuple[str | None, list[UITarsAction]]:
         raise UITarsParseError(f"the executor's answer is {len(text)} characters, over {MAX_OUTPUT}")
     thought = None
     m = re.search(r"(?:^|\n)\s*Action\s*:", text)
-    body = text[m.end():] if m else text
+    body = text[m.end() :] if m else text
     head = text[: m.start()] if m else ""
     t = re.search(r"Thought\s*:(.*?)(?=\n\s*(?:Reflection|Action_Summary)\s*:|\Z)", head, re.DOTALL)
     if t:
@@ -165,8 +207,9 @@ def _key(name: str) -> str:
     return k
 
 
-def to_env_action(actions: list[UITarsAction], image_size: tuple[int, int], screen: tuple[int, int],
-                  coords: str = "absolute") -> str:
+def to_env_action(
+    actions: list[UITarsAction], image_size: tuple[int, int], screen: tuple[int, int], coords: str = "absolute"
+) -> str:
     """UI-TARS actions -> one pyautogui action string for a `screen` = (w, h) display. `image_size` = (w, h) of
     the image the model saw. A terminal action (finished -> DONE, call_user -> FAIL, wait -> WAIT) counts
     only when it is the first; after GUI actions it is dropped (the GUI actions run, the episode goes on)."""
@@ -177,6 +220,7 @@ def to_env_action(actions: list[UITarsAction], image_size: tuple[int, int], scre
 
     def xy(p):
         return (min(sw - 1, max(0, round(p[0] / iw * sw))), min(sh - 1, max(0, round(p[1] / ih * sh))))
+
     first = actions[0].kind
     if first in ("finished", "call_user", "wait"):
         return {"finished": "DONE", "call_user": "FAIL", "wait": "WAIT"}[first]
@@ -194,13 +238,19 @@ def to_env_action(actions: list[UITarsAction], image_size: tuple[int, int], scre
         elif k in ("hover", "mouse_move"):
             lines.append("pyautogui.moveTo({}, {})".format(*xy(g["start"])))
         elif k in ("drag", "select"):
-            lines += ["pyautogui.moveTo({}, {})".format(*xy(g["start"])), "pyautogui.dragTo({}, {})".format(*xy(g["end"]))]
+            lines += [
+                "pyautogui.moveTo({}, {})".format(*xy(g["start"])),
+                "pyautogui.dragTo({}, {})".format(*xy(g["end"])),
+            ]
         elif k == "hotkey":
             keys = [_key(x) for x in g["key"].replace("+", " ").split()]
             if not keys:
                 raise UITarsParseError("hotkey() with no keys")
-            lines.append(f"pyautogui.hotkey({', '.join(repr(x) for x in keys)})" if len(keys) > 1
-                         else f"pyautogui.press({keys[0]!r})")
+            lines.append(
+                f"pyautogui.hotkey({', '.join(repr(x) for x in keys)})"
+                if len(keys) > 1
+                else f"pyautogui.press({keys[0]!r})"
+            )
         elif k in ("press", "keydown", "keyup"):
             fn = {"press": "press", "keydown": "keyDown", "keyup": "keyUp"}[k]
             lines.append(f"pyautogui.{fn}({_key(g['key'])!r})")
@@ -222,14 +272,15 @@ def to_env_action(actions: list[UITarsAction], image_size: tuple[int, int], scre
         raise UITarsParseError("the executor's answer holds no action to perform")
     code = "\n".join(lines)
     try:
-        parse_action(code, screen)               # what the env would refuse is an executor error, here
+        parse_action(code, screen)  # what the env would refuse is an executor error, here
     except ActionError as e:
         raise UITarsParseError(f"the env refuses the converted action: {e}") from None
     return code
 
 
-def uitars_to_env(text: str, image_size: tuple[int, int], screen: tuple[int, int],
-                  coords: str = "absolute") -> tuple[str | None, str]:
+def uitars_to_env(
+    text: str, image_size: tuple[int, int], screen: tuple[int, int], coords: str = "absolute"
+) -> tuple[str | None, str]:
     """Parse and convert in one go: (thought, env action string)."""
     thought, actions = parse_uitars(text)
     return thought, to_env_action(actions, image_size, screen, coords)

@@ -8,6 +8,7 @@ The module needs only the standard library and jeepney, so it also runs as a scr
 (`python3 a11y.py tree ADDRESS APP`), where the libvirt backend runs it through the guest agent and reads
 the tree it prints as JSON: the guest's accessibility bus is not reachable from the host.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,16 @@ REGISTRY = ("org.a11y.atspi.Registry", "/org/a11y/atspi/accessible/root")
 
 
 # bit positions of AtspiStateType
-_STATES = {"active": 1, "checked": 4, "editable": 7, "enabled": 8, "focused": 12, "selected": 23,
-           "showing": 25, "visible": 30}
+_STATES = {
+    "active": 1,
+    "checked": 4,
+    "editable": 7,
+    "enabled": 8,
+    "focused": 12,
+    "selected": 23,
+    "showing": 25,
+    "visible": 30,
+}
 
 
 class A11yError(RuntimeError):
@@ -43,8 +52,9 @@ def bus_address(session_address: str) -> str:
         bus = DBusAddress("/org/a11y/bus", bus_name="org.a11y.Bus", interface="org.a11y.Bus")
         reply = conn.send_and_get_reply(new_method_call(bus, "GetAddress"), timeout=2)
         if reply.header.message_type == MessageType.error:
-            dbus = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus",
-                               interface="org.freedesktop.DBus")
+            dbus = DBusAddress(
+                "/org/freedesktop/DBus", bus_name="org.freedesktop.DBus", interface="org.freedesktop.DBus"
+            )
             names = conn.send_and_get_reply(new_method_call(dbus, "ListActivatableNames"), timeout=2)
             if names.header.message_type != MessageType.error and REGISTRY[0] in names.body[0]:
                 return session_address
@@ -60,7 +70,8 @@ def enable_accessibility(session_address: str) -> None:
     try:
         st = DBusAddress("/org/a11y/bus", bus_name="org.a11y.Bus", interface=PROPS)
         reply = conn.send_and_get_reply(
-            new_method_call(st, "Set", "ssv", ("org.a11y.Status", "IsEnabled", ("b", True))), timeout=2)
+            new_method_call(st, "Set", "ssv", ("org.a11y.Status", "IsEnabled", ("b", True))), timeout=2
+        )
         if reply.header.message_type == MessageType.error:
             raise A11yError(f"cannot enable accessibility: {reply.body}")
     finally:
@@ -70,13 +81,14 @@ def enable_accessibility(session_address: str) -> None:
 @dataclass
 class Node:
     """One accessible object: enough to find widgets by role and name and to read their content."""
+
     bus: str
     path: str
     role: str = ""
     name: str = ""
     children: list["Node"] = field(default_factory=list)
     text: str | None = None
-    states: frozenset[str] | None = None            # filled for `details_roles` (else ask the client)
+    states: frozenset[str] | None = None  # filled for `details_roles` (else ask the client)
     extents: tuple[int, int, int, int] | None = None  # screen x, y, width, height, likewise
 
     def walk(self) -> Iterator["Node"]:
@@ -113,11 +125,16 @@ class Node:
     def from_dict(cls, d: dict[str, Any]) -> "Node":
         try:
             ext = d.get("extents")
-            return cls(bus=str(d["bus"]), path=str(d["path"]), role=str(d.get("role", "")),
-                       name=str(d.get("name", "")), text=d.get("text"),
-                       states=frozenset(d["states"]) if "states" in d else None,
-                       extents=tuple(int(v) for v in ext) if ext is not None else None,  # type: ignore[arg-type]
-                       children=[cls.from_dict(c) for c in d.get("children", ())])
+            return cls(
+                bus=str(d["bus"]),
+                path=str(d["path"]),
+                role=str(d.get("role", "")),
+                name=str(d.get("name", "")),
+                text=d.get("text"),
+                states=frozenset(d["states"]) if "states" in d else None,
+                extents=tuple(int(v) for v in ext) if ext is not None else None,  # type: ignore[arg-type]
+                children=[cls.from_dict(c) for c in d.get("children", ())],
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise A11yError(f"malformed accessibility tree: {e!r}") from None
 
@@ -127,9 +144,11 @@ class Node:
 # tab-separated columns, then one row per element on screen. Columns: role, name, optionally text and states,
 # and the box as `x,y,w,h` (screen pixels; the column is called "box" or "x,y,w,h").
 
+
 @dataclass(frozen=True)
 class Element:
     """One row of an a11y table: an element on screen and its box (left, top, right, bottom, edges included)."""
+
     role: str
     name: str
     box: tuple[int, int, int, int]
@@ -149,17 +168,19 @@ class Element:
 
 
 def _cell(value: str) -> str:
-    return " ".join(value.split())          # no tabs or newlines inside a cell
+    return " ".join(value.split())  # no tabs or newlines inside a cell
 
 
-def table_text(rows: Iterable[tuple[str, str, str, tuple[int, int, int, int], Iterable[str]]],
-               max_chars: int = 1_000_000) -> str:
+def table_text(
+    rows: Iterable[tuple[str, str, str, tuple[int, int, int, int], Iterable[str]]], max_chars: int = 1_000_000
+) -> str:
     """(role, name, text, (x, y, w, h), states) rows -> an a11y table with the columns role, name, text,
     x,y,w,h and states; cut (with a last line saying so) before it passes `max_chars`."""
     out, size = ["role\tname\ttext\tx,y,w,h\tstates"], 0
     for role, name, text, ext, states in rows:
-        line = "\t".join([_cell(role), _cell(name), _cell(text or ""), ",".join(str(int(v)) for v in ext),
-                          ",".join(sorted(states))])
+        line = "\t".join(
+            [_cell(role), _cell(name), _cell(text or ""), ",".join(str(int(v)) for v in ext), ",".join(sorted(states))]
+        )
         size += len(line) + 1
         if size > max_chars:
             out.append("... (truncated)")
@@ -219,16 +240,29 @@ class A11ySource(Protocol):
     """What app adapters read accessibility through (`Desktop.a11y()`): `A11yClient` on this machine's bus,
     or a reader that runs this module inside a VM guest."""
 
-    def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
-                 details_roles: frozenset[str] = frozenset()) -> Node | None:
+    def app_tree(
+        self,
+        name: str,
+        skip_roles: frozenset[str] = frozenset(),
+        texts: bool = False,
+        details_roles: frozenset[str] = frozenset(),
+    ) -> Node | None:
         """The named application's tree (None when it is not on the bus), without the subtrees of
         `skip_roles`; `texts` also reads text widgets' contents, and the nodes of `details_roles` get their
         states and extents stored (which `states`/`extents` of a remote reader can only answer from)."""
-    def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
-                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
-                     text_limit: int = 2000) -> list[tuple] | None:
+
+    def showing_rows(
+        self,
+        name: str,
+        max_nodes: int,
+        text_roles: frozenset[str] = frozenset(),
+        unlisted: frozenset[str] = frozenset(),
+        skip_roles: frozenset[str] = frozenset(),
+        text_limit: int = 2000,
+    ) -> list[tuple] | None:
         """(depth, role, name, text, (x, y, w, h), states) of what application `name` shows on screen, in tree
         order (None when it is not on the bus): subtrees that are not showing are never read."""
+
     def states(self, node: Node) -> set[str]: ...
     def extents(self, node: Node) -> tuple[int, int, int, int] | None: ...
     def close(self) -> None: ...
@@ -258,11 +292,10 @@ class A11yAdapter:
 class A11yClient:
     """A connection to the AT-SPI bus of one desktop."""
 
-    def __init__(self, session_address: str | None = None, timeout: float = 5.0, *,
-                 a11y_address: str | None = None):
+    def __init__(self, session_address: str | None = None, timeout: float = 5.0, *, a11y_address: str | None = None):
         """Either the accessibility bus's own address, or a session bus whose org.a11y.Bus names it."""
         self.timeout = timeout
-        self._pinned: dict[str, str] = {}   # app name -> the bus connection it was first found on
+        self._pinned: dict[str, str] = {}  # app name -> the bus connection it was first found on
         try:
             self._conn = open_dbus_connection(a11y_address or bus_address(session_address or ""))
         except Exception as e:
@@ -318,9 +351,15 @@ class A11yClient:
             self._pinned[name] = app.bus
         return app
 
-    def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
-                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
-                     text_limit: int = 2000) -> list[tuple] | None:
+    def showing_rows(
+        self,
+        name: str,
+        max_nodes: int,
+        text_roles: frozenset[str] = frozenset(),
+        unlisted: frozenset[str] = frozenset(),
+        skip_roles: frozenset[str] = frozenset(),
+        text_limit: int = 2000,
+    ) -> list[tuple] | None:
         """(depth, role, name, text, extents, states) of the showing and visible nodes of application `name`
         (None when it is not on the bus), in tree order. Read breadth-first, each level's requests
         pipelined; subtrees whose root is not showing, or is of a `skip_roles` role, are never read; at most
@@ -344,9 +383,11 @@ class A11yClient:
             kids = kids[: 4 * max_nodes]
             calls = []
             for n, _, _ in kids:
-                calls += [(n.bus, n.path, ACC, "GetRoleName", None, ()),
-                          (n.bus, n.path, PROPS, "Get", "ss", (ACC, "Name")),
-                          (n.bus, n.path, ACC, "GetState", None, ())]
+                calls += [
+                    (n.bus, n.path, ACC, "GetRoleName", None, ()),
+                    (n.bus, n.path, PROPS, "Get", "ss", (ACC, "Name")),
+                    (n.bus, n.path, ACC, "GetState", None, ()),
+                ]
             res = many(calls)
             shown: list[tuple[Node, int, tuple]] = []
             for i, (n, depth, where) in enumerate(kids):
@@ -354,29 +395,41 @@ class A11yClient:
                 n.role = role[0] if role else ""
                 n.name = nm[0][1] if nm else ""
                 n.states = frozenset(_state_names(st[0])) if st else frozenset()
-                if "showing" in n.states and "visible" in n.states and n.role != "scroll bar" \
-                        and n.role not in skip_roles:
+                if (
+                    "showing" in n.states
+                    and "visible" in n.states
+                    and n.role != "scroll bar"
+                    and n.role not in skip_roles
+                ):
                     shown.append((n, depth, where))
             shown = shown[: max_nodes - count]
             count += len(shown)
             listed = [(n, d, w) for n, d, w in shown if n.name or n.role not in unlisted]
             calls = [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,)) for n, _, _ in listed]
-            calls += [(n.bus, n.path, "org.a11y.atspi.Text", "GetText", "ii", (0, text_limit))
-                      for n, _, _ in listed if n.role in text_roles]
+            calls += [
+                (n.bus, n.path, "org.a11y.atspi.Text", "GetText", "ii", (0, text_limit))
+                for n, _, _ in listed
+                if n.role in text_roles
+            ]
             res = many(calls) if calls else []
             ext = res[: len(listed)]
-            texts = iter(res[len(listed):])
+            texts = iter(res[len(listed) :])
             for (n, d, w), e in zip(listed, ext):
                 text = next(texts) if n.role in text_roles else None
                 if not e or e[0][2] <= 0 or e[0][3] <= 0:  # no box on screen (a stale or collapsed widget)
                     continue
                 rows.append((w, (d, n.role, n.name, text[0] if text else None, tuple(e[0]), sorted(n.states))))
             level = shown
-        rows.sort(key=lambda r: r[0])                    # tree order (depth first), as a person reads it
+        rows.sort(key=lambda r: r[0])  # tree order (depth first), as a person reads it
         return [r for _, r in rows]
 
-    def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
-                 details_roles: frozenset[str] = frozenset()) -> Node | None:
+    def app_tree(
+        self,
+        name: str,
+        skip_roles: frozenset[str] = frozenset(),
+        texts: bool = False,
+        details_roles: frozenset[str] = frozenset(),
+    ) -> Node | None:
         """`application(name)` and its `tree`; the nodes of `details_roles` also get their states and extents
         stored."""
         app = self.application(name)
@@ -388,7 +441,7 @@ class A11yClient:
             calls = [(n.bus, n.path, ACC, "GetState", None, ()) for n in nodes]
             calls += [(n.bus, n.path, "org.a11y.atspi.Component", "GetExtents", "u", (0,)) for n in nodes]
             res = self._many(calls)
-            for n, st, ext in zip(nodes, res[:len(nodes)], res[len(nodes):]):
+            for n, st, ext in zip(nodes, res[: len(nodes)], res[len(nodes) :]):
                 n.states = frozenset(_state_names(st[0])) if st else frozenset()
                 n.extents = tuple(ext[0]) if ext else None  # type: ignore[assignment]
         return root
@@ -404,8 +457,7 @@ class A11yClient:
             n.role = role[0] if role else ""
             n.name = name[0][1] if name else ""
 
-    def tree(self, root: Node, depth: int = 64, skip_roles: frozenset[str] = frozenset(),
-             texts: bool = False) -> Node:
+    def tree(self, root: Node, depth: int = 64, skip_roles: frozenset[str] = frozenset(), texts: bool = False) -> Node:
         """Read the subtree under `root`, a level at a time with all requests of a level in flight."""
         level = [root]
         for _ in range(depth):
@@ -462,8 +514,11 @@ def main(argv: list[str]) -> int:
         print(main.__doc__, file=sys.stderr)
         return 2
     # "-": the caller's own bus, as a toolkit finds it (AT_SPI_BUS_ADDRESS first, as atk-bridge and Qt do)
-    address = (os.environ.get("AT_SPI_BUS_ADDRESS") or os.environ.get("DBUS_SESSION_BUS_ADDRESS", "")
-               if argv[1] == "-" else argv[1])
+    address = (
+        os.environ.get("AT_SPI_BUS_ADDRESS") or os.environ.get("DBUS_SESSION_BUS_ADDRESS", "")
+        if argv[1] == "-"
+        else argv[1]
+    )
     try:
         client = A11yClient(address)
         try:
@@ -471,17 +526,19 @@ def main(argv: list[str]) -> int:
                 print("\n".join(a.name for a in client.applications()))
                 return 0
             rest = argv[3:]
+
             def roles(flag: str) -> frozenset[str]:
                 return frozenset(rest[i + 1] for i, a in enumerate(rest[:-1]) if a == flag)
+
             if argv[0] == "showing":
                 most = next((int(rest[i + 1]) for i, a in enumerate(rest[:-1]) if a == "--max"), 400)
                 limit = next((int(rest[i + 1]) for i, a in enumerate(rest[:-1]) if a == "--text-limit"), 2000)
-                rows = client.showing_rows(argv[2], most, roles("--text"), roles("--unlisted"), roles("--skip"),
-                                           limit)
+                rows = client.showing_rows(argv[2], most, roles("--text"), roles("--unlisted"), roles("--skip"), limit)
                 json.dump(rows, sys.stdout, separators=(",", ":"))
                 return 0
-            root = client.app_tree(argv[2], skip_roles=roles("--skip"), texts="--texts" in rest,
-                                   details_roles=roles("--details"))
+            root = client.app_tree(
+                argv[2], skip_roles=roles("--skip"), texts="--texts" in rest, details_roles=roles("--details")
+            )
         finally:
             client.close()
     except A11yError as e:

@@ -48,9 +48,23 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 KINDS: tuple[str, ...] = (
-    "move", "click", "mouse_down", "mouse_up", "drag", "scroll", "hscroll",
-    "type", "press", "hotkey", "key_down", "key_up", "sleep",
-    "done", "fail", "wait", "answer",
+    "move",
+    "click",
+    "mouse_down",
+    "mouse_up",
+    "drag",
+    "scroll",
+    "hscroll",
+    "type",
+    "press",
+    "hotkey",
+    "key_down",
+    "key_up",
+    "sleep",
+    "done",
+    "fail",
+    "wait",
+    "answer",
 )
 
 TERMINAL_KINDS: frozenset[str] = frozenset({"done", "fail", "answer"})
@@ -59,36 +73,203 @@ TERMINAL_KINDS: frozenset[str] = frozenset({"done", "fail", "answer"})
 # duplicate spellings ('return', 'escape', 'del', 'pgup', 'pgdn', ' ') are
 # accepted through KEY_ALIASES instead, so every key has exactly one name.
 KEY_NAMES: tuple[str, ...] = (
-    "!", '"', "#", "$", "%", "&", "'", "(", ")", "*", "+", ",", "-", ".", "/",
-    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9",
-    ":", ";", "<", "=", ">", "?", "@", "[", "\\", "]", "^", "_", "`",
-    "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m",
-    "n", "o", "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z",
-    "{", "|", "}", "~",
-    "add", "alt", "altleft", "altright", "apps", "backspace",
-    "browserback", "browserfavorites", "browserforward", "browserhome",
-    "browserrefresh", "browsersearch", "browserstop", "capslock", "clear",
-    "convert", "ctrl", "ctrlleft", "ctrlright", "decimal", "delete",
-    "divide", "down", "end", "enter", "esc", "execute",
-    "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9", "f10", "f11", "f12",
-    "f13", "f14", "f15", "f16", "f17", "f18", "f19", "f20", "f21", "f22",
-    "f23", "f24",
-    "fn", "hanguel", "hangul", "hanja", "help", "home", "insert",
-    "junja", "kana", "kanji", "launchapp1", "launchapp2", "launchmail",
-    "launchmediaselect", "left", "modechange", "multiply", "nexttrack",
-    "nonconvert", "num0", "num1", "num2", "num3", "num4", "num5", "num6",
-    "num7", "num8", "num9", "numlock", "pagedown", "pageup", "pause",
-    "playpause", "prevtrack", "print", "printscreen", "prntscrn", "prtsc",
-    "prtscr", "right", "scrolllock", "select", "separator", "shift",
-    "shiftleft", "shiftright", "sleep", "space", "stop", "subtract", "tab",
-    "up", "volumedown", "volumemute", "volumeup", "win", "winleft",
-    "winright", "yen", "command", "option", "optionleft", "optionright",
+    "!",
+    '"',
+    "#",
+    "$",
+    "%",
+    "&",
+    "'",
+    "(",
+    ")",
+    "*",
+    "+",
+    ",",
+    "-",
+    ".",
+    "/",
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "5",
+    "6",
+    "7",
+    "8",
+    "9",
+    ":",
+    ";",
+    "<",
+    "=",
+    ">",
+    "?",
+    "@",
+    "[",
+    "\\",
+    "]",
+    "^",
+    "_",
+    "`",
+    "a",
+    "b",
+    "c",
+    "d",
+    "e",
+    "f",
+    "g",
+    "h",
+    "i",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "o",
+    "p",
+    "q",
+    "r",
+    "s",
+    "t",
+    "u",
+    "v",
+    "w",
+    "x",
+    "y",
+    "z",
+    "{",
+    "|",
+    "}",
+    "~",
+    "add",
+    "alt",
+    "altleft",
+    "altright",
+    "apps",
+    "backspace",
+    "browserback",
+    "browserfavorites",
+    "browserforward",
+    "browserhome",
+    "browserrefresh",
+    "browsersearch",
+    "browserstop",
+    "capslock",
+    "clear",
+    "convert",
+    "ctrl",
+    "ctrlleft",
+    "ctrlright",
+    "decimal",
+    "delete",
+    "divide",
+    "down",
+    "end",
+    "enter",
+    "esc",
+    "execute",
+    "f1",
+    "f2",
+    "f3",
+    "f4",
+    "f5",
+    "f6",
+    "f7",
+    "f8",
+    "f9",
+    "f10",
+    "f11",
+    "f12",
+    "f13",
+    "f14",
+    "f15",
+    "f16",
+    "f17",
+    "f18",
+    "f19",
+    "f20",
+    "f21",
+    "f22",
+    "f23",
+    "f24",
+    "fn",
+    "hanguel",
+    "hangul",
+    "hanja",
+    "help",
+    "home",
+    "insert",
+    "junja",
+    "kana",
+    "kanji",
+    "launchapp1",
+    "launchapp2",
+    "launchmail",
+    "launchmediaselect",
+    "left",
+    "modechange",
+    "multiply",
+    "nexttrack",
+    "nonconvert",
+    "num0",
+    "num1",
+    "num2",
+    "num3",
+    "num4",
+    "num5",
+    "num6",
+    "num7",
+    "num8",
+    "num9",
+    "numlock",
+    "pagedown",
+    "pageup",
+    "pause",
+    "playpause",
+    "prevtrack",
+    "print",
+    "printscreen",
+    "prntscrn",
+    "prtsc",
+    "prtscr",
+    "right",
+    "scrolllock",
+    "select",
+    "separator",
+    "shift",
+    "shiftleft",
+    "shiftright",
+    "sleep",
+    "space",
+    "stop",
+    "subtract",
+    "tab",
+    "up",
+    "volumedown",
+    "volumemute",
+    "volumeup",
+    "win",
+    "winleft",
+    "winright",
+    "yen",
+    "command",
+    "option",
+    "optionleft",
+    "optionright",
 )
 
 KEY_ALIASES: Mapping[str, str] = {
-    "return": "enter", "escape": "esc", "control": "ctrl", "cmd": "command",
-    "del": "delete", "pgup": "pageup", "pgdn": "pagedown",
-    " ": "space", "\n": "enter", "\r": "enter", "\t": "tab",
+    "return": "enter",
+    "escape": "esc",
+    "control": "ctrl",
+    "cmd": "command",
+    "del": "delete",
+    "pgup": "pageup",
+    "pgdn": "pagedown",
+    " ": "space",
+    "\n": "enter",
+    "\r": "enter",
+    "\t": "tab",
 }
 
 _KEY_SET = frozenset(KEY_NAMES)
@@ -97,17 +278,20 @@ _KEY_SET = frozenset(KEY_NAMES)
 NO_X_KEYSYM: Mapping[str, str] = {"accept": "the Windows IME 'accept' key", "final": "the Windows IME 'final' key"}
 
 BUTTONS: Mapping[str, str] = {
-    "left": "left", "middle": "middle", "right": "right",
-    "primary": "left", "secondary": "right",
+    "left": "left",
+    "middle": "middle",
+    "right": "right",
+    "primary": "left",
+    "secondary": "right",
 }
 
 MAX_CODE_CHARS = 10_000
 MAX_TEXT_CHARS = 2_000
 MAX_STATEMENTS = 50
-MAX_SECONDS = 10.0          # per sleep/duration/interval and in total
-MAX_MAGNITUDE = 1e6         # any numeric literal or arithmetic result
-MAX_LITERAL_DEPTH = 16      # nesting of tuples/lists/arithmetic
-MAX_SEQUENCE = 100          # elements in a tuple/list literal
+MAX_SECONDS = 10.0  # per sleep/duration/interval and in total
+MAX_MAGNITUDE = 1e6  # any numeric literal or arithmetic result
+MAX_LITERAL_DEPTH = 16  # nesting of tuples/lists/arithmetic
+MAX_SEQUENCE = 100  # elements in a tuple/list literal
 MAX_HOTKEY_KEYS = 6
 
 
@@ -177,8 +361,7 @@ class Action:
                 args.append(f"y={self.y}")
             return f"pyautogui.{k}({', '.join(args)})"
         # Pointer actions: move, click, mouse_down, mouse_up, drag.
-        fn = {"move": "moveTo", "click": "click", "mouse_down": "mouseDown",
-              "mouse_up": "mouseUp", "drag": "dragTo"}[k]
+        fn = {"move": "moveTo", "click": "click", "mouse_down": "mouseDown", "mouse_up": "mouseUp", "drag": "dragTo"}[k]
         args = []
         if self.x is not None or self.y is not None:
             args = [repr(self.x), repr(self.y)]
@@ -199,10 +382,10 @@ class Action:
 @dataclass(frozen=True)
 class _Signature:
     kind: str
-    params: tuple[str, ...]                       # positional-or-keyword, in pyautogui order
+    params: tuple[str, ...]  # positional-or-keyword, in pyautogui order
     defaults: Mapping[str, Any] = field(default_factory=dict)  # also fixed values (clicks=2 ...)
     required: tuple[str, ...] = ()
-    varargs: str | None = None                    # name that collects *args (hotkey)
+    varargs: str | None = None  # name that collects *args (hotkey)
 
 
 _CLICK_PARAMS = ("x", "y", "interval", "button", "duration")
@@ -243,35 +426,65 @@ _ONLY_CALLS = "only pyautogui.<function>(...) and time.sleep(...) calls are acce
 
 # Friendly names for rejected syntax; anything else is named by its ast class.
 _CONSTRUCTS: Mapping[type, str] = {
-    ast.Assign: "assignment", ast.AugAssign: "augmented assignment",
-    ast.AnnAssign: "annotated assignment", ast.For: "for loop",
-    ast.AsyncFor: "async for loop", ast.While: "while loop", ast.If: "if statement",
-    ast.With: "with statement", ast.AsyncWith: "async with statement",
+    ast.Assign: "assignment",
+    ast.AugAssign: "augmented assignment",
+    ast.AnnAssign: "annotated assignment",
+    ast.For: "for loop",
+    ast.AsyncFor: "async for loop",
+    ast.While: "while loop",
+    ast.If: "if statement",
+    ast.With: "with statement",
+    ast.AsyncWith: "async with statement",
     ast.FunctionDef: "function definition (def)",
     ast.AsyncFunctionDef: "async function definition (async def)",
-    ast.ClassDef: "class definition", ast.Return: "return statement",
-    ast.Delete: "del statement", ast.Raise: "raise statement", ast.Try: "try statement",
-    ast.Assert: "assert statement", ast.Global: "global statement",
-    ast.Nonlocal: "nonlocal statement", ast.Pass: "pass statement",
-    ast.Break: "break statement", ast.Continue: "continue statement",
-    ast.Match: "match statement", ast.ImportFrom: "from-import",
-    ast.Lambda: "lambda", ast.NamedExpr: "walrus operator (:=)",
-    ast.ListComp: "list comprehension", ast.SetComp: "set comprehension",
-    ast.DictComp: "dict comprehension", ast.GeneratorExp: "generator expression",
-    ast.JoinedStr: "f-string", ast.FormattedValue: "f-string",
-    ast.Subscript: "subscript", ast.Slice: "slice", ast.Attribute: "attribute access",
-    ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield from",
-    ast.Starred: "starred expression", ast.Dict: "dict literal", ast.Set: "set literal",
-    ast.Compare: "comparison", ast.BoolOp: "boolean operator (and/or)",
-    ast.IfExp: "conditional expression", ast.Call: "function call", ast.Name: "name",
-    ast.BinOp: "expression", ast.UnaryOp: "expression", ast.Constant: "constant",
+    ast.ClassDef: "class definition",
+    ast.Return: "return statement",
+    ast.Delete: "del statement",
+    ast.Raise: "raise statement",
+    ast.Try: "try statement",
+    ast.Assert: "assert statement",
+    ast.Global: "global statement",
+    ast.Nonlocal: "nonlocal statement",
+    ast.Pass: "pass statement",
+    ast.Break: "break statement",
+    ast.Continue: "continue statement",
+    ast.Match: "match statement",
+    ast.ImportFrom: "from-import",
+    ast.Lambda: "lambda",
+    ast.NamedExpr: "walrus operator (:=)",
+    ast.ListComp: "list comprehension",
+    ast.SetComp: "set comprehension",
+    ast.DictComp: "dict comprehension",
+    ast.GeneratorExp: "generator expression",
+    ast.JoinedStr: "f-string",
+    ast.FormattedValue: "f-string",
+    ast.Subscript: "subscript",
+    ast.Slice: "slice",
+    ast.Attribute: "attribute access",
+    ast.Await: "await",
+    ast.Yield: "yield",
+    ast.YieldFrom: "yield from",
+    ast.Starred: "starred expression",
+    ast.Dict: "dict literal",
+    ast.Set: "set literal",
+    ast.Compare: "comparison",
+    ast.BoolOp: "boolean operator (and/or)",
+    ast.IfExp: "conditional expression",
+    ast.Call: "function call",
+    ast.Name: "name",
+    ast.BinOp: "expression",
+    ast.UnaryOp: "expression",
+    ast.Constant: "constant",
 }
 if hasattr(ast, "TryStar"):  # Python >= 3.11
     _CONSTRUCTS = {**_CONSTRUCTS, ast.TryStar: "try statement"}
 
 _ARITHMETIC: Mapping[type, tuple[str, Any]] = {
-    ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul),
-    ast.Div: ("/", operator.truediv), ast.FloorDiv: ("//", operator.floordiv),
+    ast.Add: ("+", operator.add),
+    ast.Sub: ("-", operator.sub),
+    ast.Mult: ("*", operator.mul),
+    ast.Div: ("/", operator.truediv),
+    ast.FloorDiv: ("//", operator.floordiv),
     ast.Mod: ("%", operator.mod),
 }
 
@@ -380,8 +593,7 @@ def _point(fn: str, args: Mapping[str, Any], screen: tuple[int, int]) -> tuple[i
             raise ActionError(f"{fn}: an (x, y) pair must hold two numbers")
     if isinstance(x, str):
         raise ActionError(f"{fn}: locating images on screen is not supported; x must be a number")
-    return (_coordinate(fn, "x", x, screen[0], screen),
-            _coordinate(fn, "y", y, screen[1], screen))
+    return (_coordinate(fn, "x", x, screen[0], screen), _coordinate(fn, "y", y, screen[1], screen))
 
 
 def _integer(fn: str, name: str, value: Any, low: int, high: int) -> int:
@@ -541,7 +753,9 @@ def _check_import(stmt: ast.Import) -> None:
         if alias.name not in _MODULES:
             raise ActionError(f"`import {alias.name}` is not allowed; only `import pyautogui` and `import time`")
         if alias.asname is not None:
-            raise ActionError(f"`import {alias.name} as {alias.asname}` is not allowed; import aliases are not supported")
+            raise ActionError(
+                f"`import {alias.name} as {alias.asname}` is not allowed; import aliases are not supported"
+            )
 
 
 def _statement(stmt: ast.stmt, screen: tuple[int, int]) -> Action | None:
@@ -554,13 +768,13 @@ def _statement(stmt: ast.stmt, screen: tuple[int, int]) -> Action | None:
     if isinstance(call, ast.Name) and call.id in ("DONE", "FAIL", "WAIT", "ANS"):
         raise ActionError(f"`{call.id}` must be the whole action on its own, not mixed with code")
     if isinstance(call, ast.Name) and call.id.upper() in ("DONE", "FAIL", "WAIT", "ANS"):
-        raise ActionError(f"name `{call.id}` is not allowed; terminal answers are case-sensitive: "
-                          f"DONE, FAIL, WAIT or ANS <text>")
+        raise ActionError(
+            f"name `{call.id}` is not allowed; terminal answers are case-sensitive: DONE, FAIL, WAIT or ANS <text>"
+        )
     if not isinstance(call, ast.Call):
         raise ActionError(f"{_construct(call)} `{_source(call)}` is not allowed; {_ONLY_CALLS}")
     func = call.func
-    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-            and func.value.id in _MODULES):
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in _MODULES):
         raise ActionError(f"`{_source(func)}` is not allowed; {_ONLY_CALLS}")
     module, name = func.value.id, func.attr
     sig = _MODULES[module].get(name)
@@ -600,7 +814,9 @@ def _position(code: str, index: int) -> str:
 def _check_characters(code: str) -> None:
     for index, ch in enumerate(code):
         if ch not in "\n\t" and not ch.isprintable():
-            raise ActionError(f"control or non-printable character U+{ord(ch):04X} at {_position(code, index)} is not allowed")
+            raise ActionError(
+                f"control or non-printable character U+{ord(ch):04X} at {_position(code, index)} is not allowed"
+            )
 
 
 def _first_non_ascii(code: str) -> int | None:
@@ -618,7 +834,9 @@ def _check_non_ascii_outside_strings(code: str) -> None:
     for tok in tokens:
         if tok.type != tokenize.STRING and _first_non_ascii(tok.string) is not None:
             ch = tok.string[_first_non_ascii(tok.string)]
-            raise ActionError(f"line {tok.start[0]}: non-ASCII character {ch!r} (U+{ord(ch):04X}) is not allowed in code")
+            raise ActionError(
+                f"line {tok.start[0]}: non-ASCII character {ch!r} (U+{ord(ch):04X}) is not allowed in code"
+            )
 
 
 def _terminal(code: str) -> list[Action] | None:
@@ -678,7 +896,9 @@ def parse_action(code: str, screen: tuple[int, int] = (1280, 800)) -> list[Actio
         first = _first_non_ascii(code)
         if first is not None:
             ch = code[first]
-            raise ActionError(f"non-ASCII character {ch!r} (U+{ord(ch):04X}) at {_position(code, first)} is not allowed in code") from None
+            raise ActionError(
+                f"non-ASCII character {ch!r} (U+{ord(ch):04X}) at {_position(code, first)} is not allowed in code"
+            ) from None
         raise ActionError(f"syntax error at line {exc.lineno}: {exc.msg}") from None
     except (RecursionError, MemoryError, ValueError) as exc:
         raise ActionError(f"action could not be parsed (nested too deeply or invalid): {type(exc).__name__}") from None
@@ -705,8 +925,17 @@ def parse_action(code: str, screen: tuple[int, int] = (1280, 800)) -> list[Actio
 
 
 STRUCTURED_KINDS: tuple[str, ...] = (
-    "move", "click", "double_click", "right_click", "drag", "scroll",
-    "press", "hotkey", "done", "fail", "wait",
+    "move",
+    "click",
+    "double_click",
+    "right_click",
+    "drag",
+    "scroll",
+    "press",
+    "hotkey",
+    "done",
+    "fail",
+    "wait",
 )
 
 SCROLL_RANGE = 10  # structured "scroll" k means amount k - SCROLL_RANGE
@@ -716,13 +945,15 @@ def structured_space(screen: tuple[int, int] = (1280, 800)) -> spaces.Dict:
     """The array form of actions: kind, point, point2, scroll, keys (see module docs)."""
     width, height = _check_screen(screen)
     point = spaces.Box(low=0, high=np.array([width - 1, height - 1]), shape=(2,), dtype=np.int64)
-    return spaces.Dict({
-        "kind": spaces.Discrete(len(STRUCTURED_KINDS)),
-        "point": point,
-        "point2": spaces.Box(low=0, high=np.array([width - 1, height - 1]), shape=(2,), dtype=np.int64),
-        "scroll": spaces.Discrete(2 * SCROLL_RANGE + 1),
-        "keys": spaces.MultiDiscrete([len(KEY_NAMES) + 1] * 3),
-    })
+    return spaces.Dict(
+        {
+            "kind": spaces.Discrete(len(STRUCTURED_KINDS)),
+            "point": point,
+            "point2": spaces.Box(low=0, high=np.array([width - 1, height - 1]), shape=(2,), dtype=np.int64),
+            "scroll": spaces.Discrete(2 * SCROLL_RANGE + 1),
+            "keys": spaces.MultiDiscrete([len(KEY_NAMES) + 1] * 3),
+        }
+    )
 
 
 def _field(sample: Mapping, name: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -12,6 +12,7 @@ the app's home). Core types, usable by every app:
 `predicate` expressions are in the restricted language of `predicate.py` (parsed with `ast`, interpreted
 over a whitelist, never `eval`ed); `translate_lambda` turns ScienceBoard's lambda strings into it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,11 +24,32 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .predicate import Predicate, compile_predicate, translate_lambda  # the language: predicate.py
-from .registry import (CHECKS, MAX_VALUE, CheckContext, CheckError, CheckType, finite_values, number,
-                       register_check, relative_path, validate_item)
+from .registry import (
+    CHECKS,
+    MAX_VALUE,
+    CheckContext,
+    CheckError,
+    CheckType,
+    finite_values,
+    number,
+    register_check,
+    relative_path,
+    validate_item,
+)
 
-__all__ = ["CheckError", "CheckResult", "Predicate", "compile_predicate", "translate_lambda", "run_checks",
-           "validate_check", "get_path", "is_number", "check_tolerance", "same_value"]
+__all__ = [
+    "CheckError",
+    "CheckResult",
+    "Predicate",
+    "compile_predicate",
+    "translate_lambda",
+    "run_checks",
+    "validate_check",
+    "get_path",
+    "is_number",
+    "check_tolerance",
+    "same_value",
+]
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -116,8 +138,9 @@ def validate_check(check: Any) -> None:
     validate_item(check, "checks")
 
 
-def run_checks(checks: Sequence[dict], ctx: CheckContext | dict, answer: str | None = None
-               ) -> tuple[bool, list[CheckResult]]:
+def run_checks(
+    checks: Sequence[dict], ctx: CheckContext | dict, answer: str | None = None
+) -> tuple[bool, list[CheckResult]]:
     """All checks must pass (and there must be one). An exception inside a check fails that check with a
     detail; it never escapes. `ctx` may be a bare state dict (with `answer`) for simple uses."""
     if not isinstance(ctx, CheckContext):
@@ -202,6 +225,7 @@ def pdf_pages(ctx: CheckContext, data: bytes) -> tuple[int, str]:
     (outside the app's home) on this machine; in the VM guest, which is the sandbox, elsewhere."""
     import shutil
     import tempfile
+
     d = ctx.desktop
     if d is None:
         return 0, "no desktop to run pdfinfo on"
@@ -302,8 +326,13 @@ CORE_CHECKS = [
     CheckType("answer", _answer, _answer_validate, optional={"value", "number", "tol"}),
     CheckType("state", _state, _state_validate, required={"path", "value"}, optional={"app"}),
     CheckType("file", _file, _file_validate, required={"path"}, optional={"equals", "sha256", "exists"}),
-    CheckType("include", _include, _include_validate,
-              required={"pattern"}, optional={"path", "state", "count", "negate", "app"}),
+    CheckType(
+        "include",
+        _include,
+        _include_validate,
+        required={"pattern"},
+        optional={"path", "state", "count", "negate", "app"},
+    ),
     CheckType("predicate", _predicate, _predicate_validate, required={"expr"}, optional={"app"}),
 ]
 for _c in CORE_CHECKS:

@@ -17,6 +17,7 @@ own business: CodaEnv ends that episode as truncated with info["error"] and its 
 Needs the `[ray]` extra (`pip install coda[ray]`). Call `ray.init(...)` first to choose the cluster; without
 it, the first RayVectorEnv starts a local Ray instance.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,6 +41,7 @@ class EnvActor:
 
     def __init__(self, env_id: str, env_kwargs: dict, wrappers: Sequence[Callable[[gym.Env], gym.Env]] = ()):
         import coda_env  # noqa: F401  (registers the env ids in this process)
+
         self.env = gym.make(env_id, **env_kwargs)
         for w in wrappers:
             self.env = w(self.env)
@@ -87,10 +89,21 @@ class RayVectorEnv(VectorEnv):
     may take before the actor is declared hung and replaced (VMs under software emulation need more).
     """
 
-    def __init__(self, env_id: str, num_envs: int, *, wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
-                 num_cpus: float = 1.0, memory: int | None = 1 << 30, placement: str | Sequence[str] = "spread",
-                 actor_options: dict | None = None, hosts: Sequence[str] | None = None,
-                 timeout: float = 120.0, start_timeout: float = 300.0, **env_kwargs):
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        *,
+        wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+        num_cpus: float = 1.0,
+        memory: int | None = 1 << 30,
+        placement: str | Sequence[str] = "spread",
+        actor_options: dict | None = None,
+        hosts: Sequence[str] | None = None,
+        timeout: float = 120.0,
+        start_timeout: float = 300.0,
+        **env_kwargs,
+    ):
         try:
             import ray
         except ImportError:
@@ -104,13 +117,14 @@ class RayVectorEnv(VectorEnv):
         self.timeout, self.start_timeout = float(timeout), float(start_timeout)
         self._wrappers = tuple(wrappers)
         self._env_kwargs = [self._kwargs_for(i, env_kwargs, hosts) for i in range(self.num_envs)]
-        self._options = [self._actor_options(i, num_cpus, memory, placement, actor_options)
-                         for i in range(self.num_envs)]
+        self._options = [
+            self._actor_options(i, num_cpus, memory, placement, actor_options) for i in range(self.num_envs)
+        ]
         self._remote_cls = ray.remote(EnvActor)
         self._actors: list[Any] = [None] * self.num_envs
         self._pending_attrs: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
-        self._fresh: set[int] = set()   # envs whose actor was (re)started and has not answered yet
-        self.restarts = 0   # actors replaced so far (dead or hung)
+        self._fresh: set[int] = set()  # envs whose actor was (re)started and has not answered yet
+        self.restarts = 0  # actors replaced so far (dead or hung)
         self.closed = False
         try:
             for i in range(self.num_envs):
@@ -139,16 +153,19 @@ class RayVectorEnv(VectorEnv):
             spread = [b for b in BACKENDS.values() if b.host_option]
             backend = BACKENDS.get(kw.get("backend") or spread[0].name)
             if backend is None or not backend.host_option:
-                raise ValueError("hosts need a backend that runs on other hosts ("
-                                 + ", ".join(f"backend={b.name!r}" for b in spread)
-                                 + f"), got backend={kw.get('backend')!r}")
+                raise ValueError(
+                    "hosts need a backend that runs on other hosts ("
+                    + ", ".join(f"backend={b.name!r}" for b in spread)
+                    + f"), got backend={kw.get('backend')!r}"
+                )
             kw["backend"] = backend.name
             kw["backend_options"] = {**(kw.get("backend_options") or {}), backend.host_option: hosts[i % len(hosts)]}
         return kw
 
     @staticmethod
-    def _actor_options(i: int, num_cpus: float, memory: int | None, placement: str | Sequence[str],
-                       extra: dict | None) -> dict:
+    def _actor_options(
+        i: int, num_cpus: float, memory: int | None, placement: str | Sequence[str], extra: dict | None
+    ) -> dict:
         opts: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": 0, "max_concurrency": 1}
         if memory:
             opts["memory"] = int(memory)
@@ -158,6 +175,7 @@ class RayVectorEnv(VectorEnv):
             pass
         elif isinstance(placement, (list, tuple)) and placement:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(placement[i % len(placement)], soft=False)
         else:
             raise ValueError(f"placement must be 'spread', 'pack' or a list of Ray node ids, got {placement!r}")
@@ -172,10 +190,12 @@ class RayVectorEnv(VectorEnv):
         refs = [self._actors[i].ping.remote() for i in idx]
         ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout)
         if len(ready) < len(refs):
-            raise TimeoutError(f"RayVectorEnv: {len(refs) - len(ready)} env actor(s) were not placed or not built "
-                               f"within {self.start_timeout}s (not enough CPUs/memory in the cluster for "
-                               f"{self._options[idx[0]].get('num_cpus')} CPU each?)")
-        self._ray.get(refs)   # raises the env's own error (e.g. an unknown task) if building failed
+            raise TimeoutError(
+                f"RayVectorEnv: {len(refs) - len(ready)} env actor(s) were not placed or not built "
+                f"within {self.start_timeout}s (not enough CPUs/memory in the cluster for "
+                f"{self._options[idx[0]].get('num_cpus')} CPU each?)"
+            )
+        self._ray.get(refs)  # raises the env's own error (e.g. an unknown task) if building failed
 
     def _replace(self, i: int) -> None:
         """Kill actor i (dead, hung or broken) and start a fresh one; its env then needs a reset."""
@@ -204,8 +224,10 @@ class RayVectorEnv(VectorEnv):
                 for ref, i in list(pending.items()):
                     if now >= deadline[i]:
                         del pending[ref]
-                        errors[i] = (f"EnvActorTimeout: env {i} did not answer within {deadline[i] - t0:.0f}s;"
-                                     " its actor was replaced")
+                        errors[i] = (
+                            f"EnvActorTimeout: env {i} did not answer within {deadline[i] - t0:.0f}s;"
+                            " its actor was replaced"
+                        )
                 continue
             for ref in ready:
                 i = pending.pop(ref)
@@ -226,14 +248,16 @@ class RayVectorEnv(VectorEnv):
             seeds = list(seed)
             if len(seeds) != self.num_envs:
                 raise ValueError(f"reset got {len(seeds)} seeds for {self.num_envs} envs")
-        results, errors = self._gather({i: a.reset.remote(seed=seeds[i], options=options)
-                                        for i, a in enumerate(self._actors)}, self.timeout)
+        results, errors = self._gather(
+            {i: a.reset.remote(seed=seeds[i], options=options) for i, a in enumerate(self._actors)}, self.timeout
+        )
         if errors:  # one retry on fresh actors for the envs that died or hung; then a clear error
             for i in errors:
                 if errors[i].startswith(("EnvActorDied", "EnvActorTimeout")):
                     self._replace(i)
-            retry, errors2 = self._gather({i: self._actors[i].reset.remote(seed=seeds[i], options=options)
-                                           for i in errors}, self.timeout)
+            retry, errors2 = self._gather(
+                {i: self._actors[i].reset.remote(seed=seeds[i], options=options) for i in errors}, self.timeout
+            )
             if errors2:
                 raise RuntimeError("RayVectorEnv.reset failed: " + "; ".join(errors2.values()))
             results.update(retry)
@@ -279,8 +303,9 @@ class RayVectorEnv(VectorEnv):
         return deepcopy(self._observations), rewards, terms, truncs, infos
 
     def _each(self, method: str, *args) -> tuple:
-        results, errors = self._gather({i: getattr(a, method).remote(*args) for i, a in enumerate(self._actors)},
-                                       self.timeout)
+        results, errors = self._gather(
+            {i: getattr(a, method).remote(*args) for i, a in enumerate(self._actors)}, self.timeout
+        )
         if errors:
             raise RuntimeError(f"RayVectorEnv.{method} failed: " + "; ".join(errors.values()))
         return tuple(results[i] for i in range(self.num_envs))
@@ -293,14 +318,15 @@ class RayVectorEnv(VectorEnv):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
             raise ValueError(f"set_attr got {len(values)} values for {self.num_envs} envs")
-        results, errors = self._gather({i: a.set_attr.remote(name, values[i]) for i, a in enumerate(self._actors)},
-                                       self.timeout)
+        results, errors = self._gather(
+            {i: a.set_attr.remote(name, values[i]) for i, a in enumerate(self._actors)}, self.timeout
+        )
         for i, v in enumerate(values):
-            self._pending_attrs[i][name] = v   # re-applied if the actor is replaced before its next reset
+            self._pending_attrs[i][name] = v  # re-applied if the actor is replaced before its next reset
         if errors:
             for i in errors:
                 if errors[i].startswith(("EnvActorDied", "EnvActorTimeout")):
-                    self._replace(i)   # the replacement gets the value from _pending_attrs
+                    self._replace(i)  # the replacement gets the value from _pending_attrs
                 else:
                     raise RuntimeError(f"RayVectorEnv.set_attr({name!r}) failed: {errors[i]}")
 

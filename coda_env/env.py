@@ -31,6 +31,7 @@ is unchanged for settle_quiet seconds, at most settle_timeout: no fixed sleep), 
 ## Version history
 - v0: the first version.
 """
+
 from __future__ import annotations
 
 import string
@@ -62,7 +63,7 @@ class Text(spaces.Text):
 
 
 ObsType = dict[str, Any]
-ActType = Any   # a str (action_mode="text") or a dict of arrays (action_mode="structured")
+ActType = Any  # a str (action_mode="text") or a dict of arrays (action_mode="structured")
 
 
 class CodaEnv(gym.Env[ObsType, ActType]):
@@ -71,29 +72,46 @@ class CodaEnv(gym.Env[ObsType, ActType]):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
 
-    def __init__(self, app: str, backend: str = DEFAULT_BACKEND, task: str | None = None,
-                 tasks: Sequence[str] | None = None, task_dirs: Sequence[str] | None = None,
-                 screen: tuple[int, int] = (1280, 800), reward: str | Scorer = "check",
-                 action_mode: str = "text", render_mode: str | None = None, max_steps: int | None = None,
-                 a11y_tree: bool = False, settle_timeout: float = 2.0, settle_quiet: float = 0.05,
-                 ready_timeout: float | None = None, info_timings: bool = False,
-                 backend_options: dict | None = None, sandbox: bool = True, desktop: Desktop | None = None):
+    def __init__(
+        self,
+        app: str,
+        backend: str = DEFAULT_BACKEND,
+        task: str | None = None,
+        tasks: Sequence[str] | None = None,
+        task_dirs: Sequence[str] | None = None,
+        screen: tuple[int, int] = (1280, 800),
+        reward: str | Scorer = "check",
+        action_mode: str = "text",
+        render_mode: str | None = None,
+        max_steps: int | None = None,
+        a11y_tree: bool = False,
+        settle_timeout: float = 2.0,
+        settle_quiet: float = 0.05,
+        ready_timeout: float | None = None,
+        info_timings: bool = False,
+        backend_options: dict | None = None,
+        sandbox: bool = True,
+        desktop: Desktop | None = None,
+    ):
         if isinstance(reward, str):
             if reward != "check":
-                raise ValueError(f"reward must be 'check' or a scorer object (coda_env.scoring.Scorer), got "
-                                 f"{reward!r}; for the VLM judge: reward=Judge({{'models': [...]}}) (the agent package's judge)")
+                raise ValueError(
+                    f"reward must be 'check' or a scorer object (coda_env.scoring.Scorer), got "
+                    f"{reward!r}; for the VLM judge: reward=Judge({{'models': [...]}}) (the agent package's judge)"
+                )
             self.scorer: Scorer | None = None
         elif isinstance(reward, Scorer):
-            self.scorer = reward          # public: a trainer may swap in another scorer between episodes
+            self.scorer = reward  # public: a trainer may swap in another scorer between episodes
         else:
-            raise TypeError(f"reward must be 'check' or a scorer with score(episode) and history_size, got "
-                            f"{type(reward).__name__}")
+            raise TypeError(
+                f"reward must be 'check' or a scorer with score(episode) and history_size, got {type(reward).__name__}"
+            )
         if action_mode not in ("text", "structured"):
             raise ValueError("action_mode must be 'text' or 'structured'")
         if render_mode not in (None, "rgb_array"):
             raise ValueError("render_mode must be None or 'rgb_array'")
         self.spec_app = get_app_spec(app)
-        if desktop is None and get_backend(backend).apps_on_host:   # on a VM the image decides
+        if desktop is None and get_backend(backend).apps_on_host:  # on a VM the image decides
             missing = self.spec_app.available()
             if missing:
                 raise AppError(f"{self.spec_app.env_id} cannot run here: {missing}")
@@ -109,23 +127,31 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         wanted = [task] if task is not None else list(tasks or [])
         unknown = [t for t in wanted if t not in all_tasks]
         if unknown:
-            raise TaskError(f"unknown task{'s' if len(unknown) > 1 else ''} for app {app!r}: "
-                            f"{', '.join(map(repr, unknown))} (`coda tasks {app}` lists them)")
+            raise TaskError(
+                f"unknown task{'s' if len(unknown) > 1 else ''} for app {app!r}: "
+                f"{', '.join(map(repr, unknown))} (`coda tasks {app}` lists them)"
+            )
         if not all_tasks:
             raise TaskError(f"app {app!r} has no valid tasks (`coda tasks {app}` lists broken files)")
         self.tasks = all_tasks
         self.task_ids = wanted or list(all_tasks)
-        obs = {"screenshot": spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
-               "instruction": Text(max_length=MAX_TEXT, charset=CHARSET)}
+        obs = {
+            "screenshot": spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
+            "instruction": Text(max_length=MAX_TEXT, charset=CHARSET),
+        }
         if a11y_tree:
             obs["a11y_tree"] = Text(max_length=1_000_000, charset=CHARSET, min_length=0)
         self.observation_space = spaces.Dict(obs)
-        self.action_space = (Text(max_length=MAX_TEXT, charset=CHARSET) if action_mode == "text"
-                             else structured_space(screen))
+        self.action_space = (
+            Text(max_length=MAX_TEXT, charset=CHARSET) if action_mode == "text" else structured_space(screen)
+        )
         # sandbox: every app sealed (no privileges, no network, its home the only writable place); on the
         # local backend a machine that cannot make sandboxes refuses here, naming the cause and sandbox=False
-        self.desktop = desktop if desktop is not None else make_desktop(
-            backend, self.width, self.height, sandbox=sandbox, **(backend_options or {}))
+        self.desktop = (
+            desktop
+            if desktop is not None
+            else make_desktop(backend, self.width, self.height, sandbox=sandbox, **(backend_options or {}))
+        )
         # how long an app may take to start: a VM under software emulation needs far longer than Xvfb
         self.ready_timeout = float(ready_timeout if ready_timeout is not None else self.desktop.app_timeout)
         self.session = Session(self.desktop, app, self.ready_timeout)
@@ -187,7 +213,7 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         obs = {"screenshot": frame, "instruction": self.task.instruction if self.task else ""}
         if self.want_a11y:
             try:
-                obs["a11y_tree"] = self.app.a11y_text(self.desktop)[: 1_000_000]
+                obs["a11y_tree"] = self.app.a11y_text(self.desktop)[:1_000_000]
             except (AppError, DesktopError) as e:
                 obs["a11y_tree"] = f"(accessibility tree unavailable: {e})"
         return obs
@@ -214,7 +240,7 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         self._obs = self._observation(frame)
         self._steps, self._done, self._answer = 0, False, None
         if self.scorer is not None:
-            self._keeper.size = self.scorer.history_size   # a trainer may have swapped the scorer
+            self._keeper.size = self.scorer.history_size  # a trainer may have swapped the scorer
             self._keeper.clear()
             self._keeper.keep(frame)
         self.timings = timings
@@ -238,8 +264,9 @@ class CodaEnv(gym.Env[ObsType, ActType]):
             except Exception as e:  # noqa: BLE001 - an action the desktop refused: the agent's error
                 self.session.release()
                 ran = f"statements 1-{k} ran" if k > 1 else "statement 1 ran" if k == 1 else "nothing ran"
-                info["action_error"] = (f"statement {k + 1} of {len(acts)} ({a.to_pyautogui()}) failed: "
-                                        f"{type(e).__name__}: {e}; {ran}")
+                info["action_error"] = (
+                    f"statement {k + 1} of {len(acts)} ({a.to_pyautogui()}) failed: {type(e).__name__}: {e}; {ran}"
+                )
                 return
 
     def step(self, action):
@@ -253,8 +280,11 @@ class CodaEnv(gym.Env[ObsType, ActType]):
             info["timings"] = timings
         t0 = time.monotonic()
         try:
-            acts = (parse_action(action, (self.width, self.height)) if self.action_mode == "text"
-                    else from_structured(action, (self.width, self.height)))
+            acts = (
+                parse_action(action, (self.width, self.height))
+                if self.action_mode == "text"
+                else from_structured(action, (self.width, self.height))
+            )
         except ActionError as e:
             acts = []
             info["action_error"] = str(e)
@@ -294,8 +324,14 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         states = {name: self.apps[name].state(self.desktop) for name in self.task.all_apps}
         # FAIL is an answer too: an infeasible task is solved by {"type": "answer", "value": "FAIL"}
         answer = "FAIL" if terminal is not None and terminal.kind == "fail" else self._answer
-        ctx = CheckContext(answer=answer, task=self.task, desktop=self.desktop, home=self._home,
-                           state=states[self.app_name], states=states)
+        ctx = CheckContext(
+            answer=answer,
+            task=self.task,
+            desktop=self.desktop,
+            home=self._home,
+            state=states[self.app_name],
+            states=states,
+        )
         ok, results = run_checks(self.task.evaluate, ctx)
         info["success"] = ok
         info["checks"] = [{"passed": r.passed, "type": r.check["type"], "detail": r.detail} for r in results]
@@ -309,9 +345,18 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         earlier = self._keeper.earlier()
         t0 = time.monotonic()
         try:
-            result = self.scorer.score(Episode(self.task.id, self.app_name, self.task.instruction,
-                                               self._obs["screenshot"], earlier, answer, info["success"],
-                                               info["checks"]))
+            result = self.scorer.score(
+                Episode(
+                    self.task.id,
+                    self.app_name,
+                    self.task.instruction,
+                    self._obs["screenshot"],
+                    earlier,
+                    answer,
+                    info["success"],
+                    info["checks"],
+                )
+            )
         except ScoringError as e:
             info["error"] = f"{type(e).__name__}: {e}"
             return 0.0
@@ -328,7 +373,7 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         self._done = True
         if not self.desktop.alive():
             self.desktop.stop()
-        if self._obs is not None:        # a fresh object: never the previous step's observation again
+        if self._obs is not None:  # a fresh object: never the previous step's observation again
             obs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self._obs.items()}
         else:
             obs = self._observation(np.zeros((self.height, self.width, 3), np.uint8))

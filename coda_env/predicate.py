@@ -8,6 +8,7 @@ nothing a task file says is ever `eval`ed. ScienceBoard's checks are lambda stri
 turns one into this language or refuses it with the reason. Its own module: the language is the core's
 most delicate code, and knows nothing of check types.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,9 +23,16 @@ MAX_DEPTH = 40
 MAX_COLLECTION = 100_000
 
 
-def _lower(s): return _need_str(s, "lower").lower()
-def _upper(s): return _need_str(s, "upper").upper()
-def _strip(s): return _need_str(s, "strip").strip()
+def _lower(s):
+    return _need_str(s, "lower").lower()
+
+
+def _upper(s):
+    return _need_str(s, "upper").upper()
+
+
+def _strip(s):
+    return _need_str(s, "strip").strip()
 
 
 def _need_str(s, fn):
@@ -39,22 +47,50 @@ def _sized(fn: Callable) -> Callable:
             if isinstance(a, (list, tuple, dict, str)) and len(a) > MAX_COLLECTION:
                 raise ValueError("collection too large")
         return fn(*args)
+
     return call
 
 
 FUNCTIONS: dict[str, Callable] = {
-    "abs": abs, "min": _sized(min), "max": _sized(max), "len": len, "round": round, "float": float,
-    "int": int, "str": str, "sum": _sized(sum), "any": _sized(any), "all": _sized(all), "sorted": _sized(sorted),
-    "lower": _lower, "upper": _upper, "strip": _strip, "bool": bool,
+    "abs": abs,
+    "min": _sized(min),
+    "max": _sized(max),
+    "len": len,
+    "round": round,
+    "float": float,
+    "int": int,
+    "str": str,
+    "sum": _sized(sum),
+    "any": _sized(any),
+    "all": _sized(all),
+    "sorted": _sized(sorted),
+    "lower": _lower,
+    "upper": _upper,
+    "strip": _strip,
+    "bool": bool,
 }
 NAMES = ("state", "answer")
 
-_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-           ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
-_CMPS = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b, ast.Lt: lambda a, b: a < b,
-         ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
-         ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
-         ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b}
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+}
+_CMPS = {
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: lambda a, b: a is b,
+    ast.IsNot: lambda a, b: a is not b,
+}
 
 
 def _reject(node: ast.AST, why: str) -> CheckError:
@@ -204,6 +240,7 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
 @dataclass(frozen=True)
 class Predicate:
     """A validated predicate expression; call it with the state (and the answer) to get its value."""
+
     source: str
     tree: ast.Expression
 

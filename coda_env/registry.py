@@ -5,6 +5,7 @@ one call adds its env id (to gymnasium's registry), its check types and its setu
 task loader and the `coda` command read these tables and never name an app. A test can register a
 throwaway app the same way (see `coda_env.apps._fake`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,12 +33,19 @@ class AppError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------ task-file values
-MAX_VALUE = 1e100          # any number a task file compares with or tolerates (finite, well short of overflow)
-MAX_PATH = 1000            # characters of a path in a task file
+MAX_VALUE = 1e100  # any number a task file compares with or tolerates (finite, well short of overflow)
+MAX_PATH = 1000  # characters of a path in a task file
 
 
-def number(value: Any, what: str, low: float = -MAX_VALUE, high: float = MAX_VALUE, *, integer: bool = False,
-           error: type[Exception] = ValueError) -> float:
+def number(
+    value: Any,
+    what: str,
+    low: float = -MAX_VALUE,
+    high: float = MAX_VALUE,
+    *,
+    integer: bool = False,
+    error: type[Exception] = ValueError,
+) -> float:
     """`value` if it is a finite number (an integer when asked; never a bool) in [low, high]; else `error`
     naming `what` and the bounds. Every numeric field of a setup operation or a check goes through it."""
     kind = "an integer" if integer else "a finite number"
@@ -70,8 +78,9 @@ def relative_path(rel: Any, what: str = "path", error: type[Exception] = ValueEr
     if os.path.isabs(rel) or rel.startswith("~"):
         raise error(f"{what} {rel[:80]!r} must be relative to the app's home folder, not absolute")
     if ".." in rel.replace("\\", "/").split("/"):
-        raise error(f"{what} {rel[:80]!r} has '..': a task file's paths never climb, so none leaves the app's "
-                    f"home folder")
+        raise error(
+            f"{what} {rel[:80]!r} has '..': a task file's paths never climb, so none leaves the app's home folder"
+        )
     return rel
 
 
@@ -92,17 +101,17 @@ def confined(home: str, rel: str, what: str = "path") -> str:
 @dataclass
 class LaunchContext:
     desktop: "Desktop"
-    home: str                              # a fresh folder per reset: the app's HOME, profile and task files
-    task: Any                              # the episode's tasks.Task (the registry imports no task code)
-    open_files: list[str] = field(default_factory=list)   # absolute paths in home that setup ops asked to open
+    home: str  # a fresh folder per reset: the app's HOME, profile and task files
+    task: Any  # the episode's tasks.Task (the registry imports no task code)
+    open_files: list[str] = field(default_factory=list)  # absolute paths in home that setup ops asked to open
 
 
 @dataclass
 class SetupContext:
     desktop: "Desktop"
-    app: "App"                             # the adapter of the app the operation belongs to
+    app: "App"  # the adapter of the app the operation belongs to
     home: str
-    task: Any                              # the episode's tasks.Task (the registry imports no task code)
+    task: Any  # the episode's tasks.Task (the registry imports no task code)
     open_files: list[str] = field(default_factory=list)
 
     def path(self, rel: str) -> str:
@@ -114,11 +123,11 @@ class SetupContext:
 
 @dataclass
 class CheckContext:
-    answer: str | None                     # the agent's ANS text ("FAIL" after FAIL), None if it gave none
-    task: Any = None                       # tasks.Task
+    answer: str | None  # the agent's ANS text ("FAIL" after FAIL), None if it gave none
+    task: Any = None  # tasks.Task
     desktop: "Desktop | None" = None
     home: str | None = None
-    state: dict = field(default_factory=dict)              # the main app's state, read once per evaluation
+    state: dict = field(default_factory=dict)  # the main app's state, read once per evaluation
     states: dict[str, dict] = field(default_factory=dict)  # every app of the task, by name
 
     def state_of(self, app: str | None) -> dict:
@@ -143,16 +152,21 @@ class CheckContext:
 @runtime_checkable
 class App(Protocol):
     """What the env calls on an app adapter (one adapter per env)."""
+
     name: str
 
     def launch(self, ctx: LaunchContext) -> subprocess.Popen:
         """Start the app on ctx.desktop with HOME = ctx.home; return its process (a group of its own)."""
+
     def ready(self, desktop: "Desktop") -> bool:
         """Polled after launch until true (never a fixed wait); may raise AppError (it exited)."""
+
     def state(self, desktop: "Desktop") -> dict[str, Any]:
         """What the checks read; raise AppError when it cannot be read."""
+
     def a11y_text(self, desktop: "Desktop") -> str:
         """The accessible elements on screen as compact, bounded text (the `a11y_tree` observation)."""
+
     def close(self) -> None:
         """Drop connections to the app (the env kills its process group)."""
 
@@ -176,11 +190,12 @@ def _name_fields(item) -> None:
 class CheckType:
     """A check type: `run(check, ctx) -> (passed, detail)`, `validate(check)` on load, and the fields a check
     of this type has, by name: `required=`, `optional=` (neither: any). `fields` is the pair they make."""
+
     name: str
     run: Callable[[dict, CheckContext], tuple[bool, str]]
     validate: Callable[[dict], None] = _no_validate
-    fields: tuple = ()                     # (required, optional), derived; the old positional form still works
-    app: str | None = None                 # the app that registered it (None: core)
+    fields: tuple = ()  # (required, optional), derived; the old positional form still works
+    app: str | None = None  # the app that registered it (None: core)
     required: Collection[str] = frozenset()
     optional: Collection[str] = frozenset()
 
@@ -192,11 +207,12 @@ class CheckType:
 class SetupOp:
     """A setup operation: `run(ctx, op)` in its `phase`, `validate(op)` on load, its fields by name
     (`required=`, `optional=`)."""
+
     name: str
     run: Callable[[SetupContext, dict], None]
     validate: Callable[[dict], None] = _no_validate
-    fields: tuple = ()                     # (required, optional), derived
-    phase: str = "app"                     # "files": before launch; "app": once the app is ready
+    fields: tuple = ()  # (required, optional), derived
+    phase: str = "app"  # "files": before launch; "app": once the app is ready
     app: str | None = None
     required: Collection[str] = frozenset()
     optional: Collection[str] = frozenset()
@@ -209,19 +225,19 @@ class SetupOp:
 
 @dataclass
 class AppSpec:
-    name: str                                          # the task files' "app"
-    env_id: str                                        # "coda/KAlgebra-v0"
-    adapter: Callable[[], App]                         # a fresh adapter per env
+    name: str  # the task files' "app"
+    env_id: str  # "coda/KAlgebra-v0"
+    adapter: Callable[[], App]  # a fresh adapter per env
     checks: Sequence[CheckType] = ()
     setup_ops: Sequence[SetupOp] = ()
-    task_dir: Path | None = None                       # the package's tasks/ folder
-    tasks: Sequence[dict] = ()                         # tasks given inline (a test's throwaway app)
+    task_dir: Path | None = None  # the package's tasks/ folder
+    tasks: Sequence[dict] = ()  # tasks given inline (a test's throwaway app)
     available: Callable[[], str | None] = lambda: None  # None: runnable here; else one line: what is missing
-    scienceboard: Any = None                           # module with convert(sb_task, path) -> coda task dict
-    scienceboard_names: tuple[str, ...] = ()           # ScienceBoard "type" values / folders it translates
+    scienceboard: Any = None  # module with convert(sb_task, path) -> coda task dict
+    scienceboard_names: tuple[str, ...] = ()  # ScienceBoard "type" values / folders it translates
     scienceboard_options: dict = field(default_factory=dict)  # import options its translation takes: name -> help
     description: str = ""
-    env_kwargs: dict = field(default_factory=dict)     # defaults passed to CodaEnv by gym.make
+    env_kwargs: dict = field(default_factory=dict)  # defaults passed to CodaEnv by gym.make
 
 
 def check_fields(item: dict, fields: tuple, what: str, key: str, error: type[Exception]) -> None:
@@ -240,7 +256,7 @@ def check_fields(item: dict, fields: tuple, what: str, key: str, error: type[Exc
 APPS: dict[str, AppSpec] = {}
 CHECKS: dict[str, CheckType] = {}
 SETUP_OPS: dict[str, SetupOp] = {}
-BROKEN_APPS: dict[str, str] = {}                       # app packages that failed to import: name -> reason
+BROKEN_APPS: dict[str, str] = {}  # app packages that failed to import: name -> reason
 # Counts the changes of the tables above: a cache of what was derived from them (tasks.py's parsed task
 # files) keys on it, so the registry needs to know nothing of its readers.
 _generation = 0
@@ -277,7 +293,7 @@ def validate_item(item: Any, table: str) -> None:
 
 
 def register_check(check: CheckType, app: str | None = None) -> CheckType:
-    if check.name in CHECKS and CHECKS[check.name].app != app:       # an app registered again replaces its own
+    if check.name in CHECKS and CHECKS[check.name].app != app:  # an app registered again replaces its own
         owner = CHECKS[check.name].app or "core"
         raise ValueError(f"check type {check.name!r} is already registered (by {owner})")
     check = check if check.app == app else dataclasses.replace(check, app=app)
@@ -297,6 +313,7 @@ def register_app(spec: AppSpec) -> AppSpec:
     """Add an app: its env id, check types and setup operations. Registering the same name again replaces
     it (a test's throwaway app); a check type or op name owned by another app is an error."""
     from gymnasium.envs.registration import register, registry
+
     for c in spec.checks:
         register_check(c, spec.name)
     for op in spec.setup_ops:
@@ -313,6 +330,7 @@ def register_app(spec: AppSpec) -> AppSpec:
 def unregister_app(name: str) -> None:
     """Remove an app and what it registered (tests' throwaway apps)."""
     from gymnasium.envs.registration import registry
+
     spec = APPS.pop(name, None)
     if spec is None:
         return

@@ -7,6 +7,7 @@
     OUT/episodes.jsonl                            one record per finished episode: what a rerun resumes from
 Every path built from data (task ids) is checked to stay inside OUT.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,12 +46,14 @@ def py(v: Any) -> Any:
 
 def save_png(frame: np.ndarray, path: Path) -> None:
     from PIL import Image
+
     Image.fromarray(np.asarray(frame)).save(path, compress_level=1)
 
 
 def read_png(path: Path) -> np.ndarray:
     """A stored screenshot as (H, W, 3) uint8 RGB."""
     from PIL import Image
+
     with Image.open(path) as im:
         return np.asarray(im.convert("RGB"))
 
@@ -93,19 +96,34 @@ class TrajectoryWriter:
         self.log = open(self.dir / "steps.jsonl", "w")
         self.steps, self.parse_errors, self.t0 = 0, 0, time.monotonic()
 
-    def record(self, step: Mapping[str, Any], screenshot: np.ndarray, reward: float, info: dict,
-               agent_seconds: float = 0.0) -> None:
+    def record(
+        self, step: Mapping[str, Any], screenshot: np.ndarray, reward: float, info: dict, agent_seconds: float = 0.0
+    ) -> None:
         """`step`: what the agent did (thought, plan, action, parse_errors, calls)."""
         self.steps += 1
         self.parse_errors += len(step.get("parse_errors") or [])
         save_png(screenshot, self.dir / f"step_{self.steps:03d}.png")
-        self.log.write(json.dumps(py({
-            "task": self.task.id, "episode": self.episode, "step": self.steps, "thought": step.get("thought", ""),
-            "plan": step.get("plan", ""), "action": step.get("action", ""),
-            "parse_errors": step.get("parse_errors") or [], "action_error": info.get("action_error"),
-            "reward": float(reward), "error": info.get("error"),
-            "timings": {"agent": round(agent_seconds, 4), **(info.get("timings") or {})},
-            "calls": step.get("calls") or []})) + "\n")
+        self.log.write(
+            json.dumps(
+                py(
+                    {
+                        "task": self.task.id,
+                        "episode": self.episode,
+                        "step": self.steps,
+                        "thought": step.get("thought", ""),
+                        "plan": step.get("plan", ""),
+                        "action": step.get("action", ""),
+                        "parse_errors": step.get("parse_errors") or [],
+                        "action_error": info.get("action_error"),
+                        "reward": float(reward),
+                        "error": info.get("error"),
+                        "timings": {"agent": round(agent_seconds, 4), **(info.get("timings") or {})},
+                        "calls": step.get("calls") or [],
+                    }
+                )
+            )
+            + "\n"
+        )
         self.log.flush()
 
     def close(self) -> None:
@@ -116,11 +134,23 @@ class TrajectoryWriter:
         """Close the files; the episode's record (what episodes.jsonl holds)."""
         self.close()
         t = self.task
-        return {"task": t.id, "episode": self.episode, "app": t.app, "difficulty": t.difficulty,
-                "category": t.category, "origin": getattr(t, "origin", "coda"), "instruction": t.instruction,
-                "success": bool(info.get("success")), "reward": float(reward), "steps": self.steps,
-                "parse_errors": self.parse_errors, "seconds": round(time.monotonic() - self.t0, 3),
-                "checks": py(info.get("checks")), "answer": info.get("answer"), "error": info.get("error")}
+        return {
+            "task": t.id,
+            "episode": self.episode,
+            "app": t.app,
+            "difficulty": t.difficulty,
+            "category": t.category,
+            "origin": getattr(t, "origin", "coda"),
+            "instruction": t.instruction,
+            "success": bool(info.get("success")),
+            "reward": float(reward),
+            "steps": self.steps,
+            "parse_errors": self.parse_errors,
+            "seconds": round(time.monotonic() - self.t0, 3),
+            "checks": py(info.get("checks")),
+            "answer": info.get("answer"),
+            "error": info.get("error"),
+        }
 
 
 def load_finished(out: Path) -> dict[tuple[str, int], dict]:
@@ -139,11 +169,16 @@ def check_config(out: Path, config: dict) -> None:
         except (OSError, json.JSONDecodeError):
             old = None
         if isinstance(old, dict):
-            diff = [f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in sorted(set(old) | set(config))
-                    if old.get(k) != config.get(k)]
+            diff = [
+                f"{k}: {old.get(k)!r} -> {config.get(k)!r}"
+                for k in sorted(set(old) | set(config))
+                if old.get(k) != config.get(k)
+            ]
             if diff:
-                raise RunError(f"{out} holds a run of another configuration ({'; '.join(diff)}); use another "
-                               f"--out, or delete {out} to start over")
+                raise RunError(
+                    f"{out} holds a run of another configuration ({'; '.join(diff)}); use another "
+                    f"--out, or delete {out} to start over"
+                )
             return
     elif (out / "episodes.jsonl").exists():
         raise RunError(f"{out} holds episodes of an unknown configuration (no config.json); use another --out")
@@ -160,7 +195,7 @@ def load_episodes(run: Path) -> tuple[list[dict], list[dict]]:
     records: dict[tuple[str, int], dict] = {}
     for rec in read_jsonl(path):
         if "task" in rec and "episode" in rec:
-            records[(rec["task"], rec["episode"])] = rec        # a rerun's record replaces the earlier one
+            records[(rec["task"], rec["episode"])] = rec  # a rerun's record replaces the earlier one
     good, skipped = [], []
     for (tid, ep), rec in records.items():
         where = {"run": str(run), "task": tid, "episode": ep, "app": rec.get("app")}
@@ -168,6 +203,7 @@ def load_episodes(run: Path) -> tuple[list[dict], list[dict]]:
         if instruction is None:
             try:
                 from .tasks import load_tasks
+
                 instruction = load_tasks(rec["app"])[tid].instruction
             except Exception as e:  # noqa: BLE001 - an old run whose task is gone: skipped, with the reason
                 skipped.append({**where, "reason": f"task not in the registry: {e}"})
@@ -184,6 +220,13 @@ def load_episodes(run: Path) -> tuple[list[dict], list[dict]]:
         elif not pngs or len(pngs) != len(steps) + 1:
             skipped.append({**where, "reason": f"{len(pngs)} screenshots for {len(steps)} steps in {traj}"})
         else:
-            good.append({**where, "check": bool(rec["success"]), "instruction": instruction, "pngs": pngs,
-                         "answer": rec.get("answer")})
+            good.append(
+                {
+                    **where,
+                    "check": bool(rec["success"]),
+                    "instruction": instruction,
+                    "pngs": pngs,
+                    "answer": rec.get("answer"),
+                }
+            )
     return good, skipped

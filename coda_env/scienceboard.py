@@ -8,6 +8,7 @@ stem), and validation: a converted task must load like any other. Each app packa
 of a ScienceBoard file is ever run: shell commands map to setup operations or are refused, lambda strings
 are translated into the restricted predicate language (`checks.translate_lambda`) or refused.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -25,8 +26,10 @@ def app_for(sb: dict, path: str) -> AppSpec:
     for spec in APPS.values():
         if kind in spec.scienceboard_names:
             return spec
-    raise TaskError(f"{path}: ScienceBoard app {kind!r} has no coda translation "
-                    f"(apps that translate: {', '.join(n for s in APPS.values() for n in s.scienceboard_names)})")
+    raise TaskError(
+        f"{path}: ScienceBoard app {kind!r} has no coda translation "
+        f"(apps that translate: {', '.join(n for s in APPS.values() for n in s.scienceboard_names)})"
+    )
 
 
 def task_id(path: str | Path) -> str:
@@ -41,9 +44,14 @@ def base_task(sb: dict, path: str | Path, app: str) -> dict:
     steps = sb.get("steps", 15)
     if not isinstance(steps, int) or isinstance(steps, bool):
         raise TaskError(f"{path}: steps must be an integer")
-    return {"id": task_id(path), "app": app, "instruction": sb["instruction"].strip(),
-            "steps": max(1, min(100, steps)), "origin": f"scienceboard:{sb.get('type')}/{Path(path).stem}",
-            "category": "ScienceBoard"}
+    return {
+        "id": task_id(path),
+        "app": app,
+        "instruction": sb["instruction"].strip(),
+        "steps": max(1, min(100, steps)),
+        "origin": f"scienceboard:{sb.get('type')}/{Path(path).stem}",
+        "category": "ScienceBoard",
+    }
 
 
 def oracles(spec: AppSpec) -> dict[str, list[str]]:
@@ -80,7 +88,7 @@ def convert(sb: Any, path: str | Path = "<scienceboard task>", **options: str) -
     stem = Path(path).stem
     if "solution" not in task and stem in oracles(spec):
         task["solution"] = oracles(spec)[stem]
-    parse_task(task, path)                # a converted task must load like any other (raises TaskError)
+    parse_task(task, path)  # a converted task must load like any other (raises TaskError)
     return task
 
 
@@ -111,22 +119,29 @@ def import_folder(src: Path, out: Path, **options: str) -> dict:
     report: dict[str, Any] = {"source": str(src), "files": [], "by_app": {}}
     for f in files:
         rel = str(f.relative_to(src))
-        app = next((n for n, spec in APPS.items() if f.parent.name in spec.scienceboard_names),
-                   f.parent.name.lower())
+        app = next((n for n, spec in APPS.items() if f.parent.name in spec.scienceboard_names), f.parent.name.lower())
         try:
             task = convert_file(f, **options)
         except TaskError as e:
             reason = str(e)
-            reason = reason[len(str(f)) + 2:] if reason.startswith(str(f) + ": ") else reason
+            reason = reason[len(str(f)) + 2 :] if reason.startswith(str(f) + ": ") else reason
             report["files"].append({"file": rel, "status": "refused", "reason": reason})
         else:
             app = task["app"]
             dest = out / app / f"{task['id']}.json"
             dest.parent.mkdir(exist_ok=True)
             dest.write_text(json.dumps(task, indent=1))
-            report["files"].append({"file": rel, "status": "converted", "task": task["id"], "app": app,
-                                    "to": str(dest.relative_to(out)), "oracle": bool(task.get("solution")),
-                                    "requires": task.get("requires", "")})
+            report["files"].append(
+                {
+                    "file": rel,
+                    "status": "converted",
+                    "task": task["id"],
+                    "app": app,
+                    "to": str(dest.relative_to(out)),
+                    "oracle": bool(task.get("solution")),
+                    "requires": task.get("requires", ""),
+                }
+            )
         counts = report["by_app"].setdefault(app, {"converted": 0, "refused": 0})
         counts[report["files"][-1]["status"]] += 1
     (out / "import-report.json").write_text(json.dumps(report, indent=1))

@@ -4,6 +4,7 @@ The default reward is the task's checks (1.0 when all pass). Any object with thi
 the VLM judge of the agent package (`Judge`) is one, and a user's own reward model is another. `coda_env` only
 defines the protocol; it imports no scorer implementation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,13 +20,14 @@ class ScoringError(RuntimeError):
 @dataclass
 class Episode:
     """What a scorer sees of a finished episode."""
+
     task_id: str
     app: str
     instruction: str
-    final: np.ndarray                                   # the final screen, full resolution
-    earlier: list[np.ndarray] = field(default_factory=list)   # earlier screens that changed, downscaled
-    answer: str | None = None                           # ANS text ("FAIL" after FAIL), None if none
-    checks_passed: bool = False                         # what the task's checks said
+    final: np.ndarray  # the final screen, full resolution
+    earlier: list[np.ndarray] = field(default_factory=list)  # earlier screens that changed, downscaled
+    answer: str | None = None  # ANS text ("FAIL" after FAIL), None if none
+    checks_passed: bool = False  # what the task's checks said
     checks: list[dict] = field(default_factory=list)
 
 
@@ -33,7 +35,7 @@ class Episode:
 class Score:
     reward: float
     success: bool
-    details: dict[str, Any] = field(default_factory=dict)   # put in info["judge"] (JSON-safe)
+    details: dict[str, Any] = field(default_factory=dict)  # put in info["judge"] (JSON-safe)
 
 
 @runtime_checkable
@@ -53,6 +55,7 @@ def fit_within(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     if s >= 1.0:
         return frame
     from PIL import Image
+
     nw, nh = max(1, round(w * s)), max(1, round(h * s))
     return np.asarray(Image.fromarray(np.ascontiguousarray(frame)).resize((nw, nh), Image.Resampling.BOX))
 

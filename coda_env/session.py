@@ -7,6 +7,7 @@ boots the desktop if needed, makes a fresh home, runs the task's "files" setup o
 app of the task, polls each until ready (never a fixed wait), saves a snapshot where it can, and runs the
 "app" setup operations. It knows no app: adapters and setup operations come from the registry.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -26,10 +27,10 @@ class Session:
         self.main_app = main_app
         self.ready_timeout = ready_timeout
         self.snapshots = SNAPSHOTS in desktop.capabilities
-        self.apps: dict[str, App] = {}          # adapters by app name (the main one, and a task's others)
+        self.apps: dict[str, App] = {}  # adapters by app name (the main one, and a task's others)
         self.procs: dict[str, Any] = {}
         self.home: str | None = None
-        self._app_saved: tuple[str, ...] | None = None   # the apps in the desktop's snapshot
+        self._app_saved: tuple[str, ...] | None = None  # the apps in the desktop's snapshot
 
     def adapter(self, name: str) -> App:
         if name not in self.apps:
@@ -48,7 +49,7 @@ class Session:
         reverted = False
         if self.snapshots and self._app_saved == apps and self.desktop.alive():
             for a in self.apps.values():
-                a.close()                     # connections only: the apps are part of the snapshot
+                a.close()  # connections only: the apps are part of the snapshot
             try:
                 self.desktop.reset()
                 self.check_apps()
@@ -60,7 +61,7 @@ class Session:
             self._app_saved = None
             if not self.desktop.alive():
                 self.desktop.start()
-            elif self.snapshots:              # a snapshot desktop before its app checkpoint
+            elif self.snapshots:  # a snapshot desktop before its app checkpoint
                 self.desktop.reset()
         timings["desktop"] = time.monotonic() - t0
         t1 = time.monotonic()
@@ -82,8 +83,7 @@ class Session:
             if SETUP_OPS[op["func"]].phase == "files":
                 self.run_op(task, op, open_files)
         for name in apps:
-            self.procs[name] = self.adapter(name).launch(LaunchContext(self.desktop, self.home, task,
-                                                                       list(open_files)))
+            self.procs[name] = self.adapter(name).launch(LaunchContext(self.desktop, self.home, task, list(open_files)))
         deadline = time.monotonic() + self.ready_timeout
         for name in apps:
             while not self.apps[name].ready(self.desktop):

@@ -3,6 +3,7 @@
 All file operations are confined to the app's home folder (a fresh one per reset): a task file cannot write
 anywhere else, whatever path it names.
 """
+
 from __future__ import annotations
 
 from .registry import SetupContext, SetupError, SetupOp, confined, register_setup_op, relative_path, validate_item
@@ -11,8 +12,8 @@ MAX_CONTENT = 5_000_000
 
 
 def _check_rel(op: dict, name: str = "path") -> None:
-    relative_path(op.get(name), repr(name), SetupError)            # on load: relative, no '..'
-    confined("/nonexistent-home", op.get(name), f"{name!r}")      # and the rule it is used under
+    relative_path(op.get(name), repr(name), SetupError)  # on load: relative, no '..'
+    confined("/nonexistent-home", op.get(name), f"{name!r}")  # and the rule it is used under
 
 
 def _write_validate(op: dict) -> None:

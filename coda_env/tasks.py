@@ -11,6 +11,7 @@ safe pattern: it names files and folders of a run), setup operations and checks 
 validators), the oracle's actions. A broken file does not take the other tasks down: it is left out and
 reported by `broken_tasks(app)` (and `coda tasks`).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,22 @@ MAX_INSTRUCTION = 10_000
 MAX_FILE_BYTES = 10_000_000
 ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _FIELDS: dict[str, type | tuple[type, ...]] = {
-    "id": str, "app": str, "apps": list, "instruction": str, "steps": int, "initialize": list, "evaluate": list,
-    "solution": list, "difficulty": str, "category": str, "origin": str, "requires": str, "ans": str,
-    "version": str, "note": str}
+    "id": str,
+    "app": str,
+    "apps": list,
+    "instruction": str,
+    "steps": int,
+    "initialize": list,
+    "evaluate": list,
+    "solution": list,
+    "difficulty": str,
+    "category": str,
+    "origin": str,
+    "requires": str,
+    "ans": str,
+    "version": str,
+    "note": str,
+}
 _REQUIRED = ("id", "app", "instruction", "steps", "evaluate")
 
 
@@ -49,9 +63,9 @@ class Task:
     solution: list[str] = field(default_factory=list)
     difficulty: str = "medium"
     category: str = ""
-    apps: tuple[str, ...] = ()           # other apps the task needs on the same desktop
-    origin: str = "coda"                 # "coda", or where it was imported from ("scienceboard:KAlgebra/A-01")
-    requires: str = ""                   # data the user must supply (free text); empty: runs as shipped
+    apps: tuple[str, ...] = ()  # other apps the task needs on the same desktop
+    origin: str = "coda"  # "coda", or where it was imported from ("scienceboard:KAlgebra/A-01")
+    requires: str = ""  # data the user must supply (free text); empty: runs as shipped
     path: str = ""
 
     @property
@@ -65,6 +79,7 @@ def _no_constants(name: str) -> float:
 
 def parse_task(data: Any, path: str = "<task>", screen: tuple[int, int] = (1280, 800)) -> Task:
     """A validated Task from a decoded task file; TaskError names the file, the field and the problem."""
+
     def fail(where: str, problem: str) -> TaskError:
         return TaskError(f"{path}: field {where!r}: {problem}")
 
@@ -102,8 +117,9 @@ def parse_task(data: Any, path: str = "<task>", screen: tuple[int, int] = (1280,
             raise fail(f"evaluate[{i}]", str(e)) from None
         owner = _owner(check.get("type"), "check")
         if owner is not None and owner not in (data["app"], *apps):
-            raise fail(f"evaluate[{i}]", f"check type {check['type']!r} belongs to app {owner!r}, "
-                                         f"which the task does not use")
+            raise fail(
+                f"evaluate[{i}]", f"check type {check['type']!r} belongs to app {owner!r}, which the task does not use"
+            )
     for i, op in enumerate(data.get("initialize", [])):
         try:
             validate_item(op, "setup_ops")
@@ -111,8 +127,9 @@ def parse_task(data: Any, path: str = "<task>", screen: tuple[int, int] = (1280,
             raise fail(f"initialize[{i}]", str(e)) from None
         owner = SETUP_OPS[op["func"]].app
         if owner is not None and owner not in (data["app"], *apps):
-            raise fail(f"initialize[{i}]", f"operation {op['func']!r} belongs to app {owner!r}, "
-                                           f"which the task does not use")
+            raise fail(
+                f"initialize[{i}]", f"operation {op['func']!r} belongs to app {owner!r}, which the task does not use"
+            )
     for i, act in enumerate(data.get("solution", [])):
         if not isinstance(act, str):
             raise fail(f"solution[{i}]", "must be an action string")
@@ -128,6 +145,7 @@ def parse_task(data: Any, path: str = "<task>", screen: tuple[int, int] = (1280,
 
 def _owner(name: Any, kind: str) -> str | None:
     from .registry import CHECKS
+
     table = CHECKS if kind == "check" else SETUP_OPS
     item = table.get(name)
     return item.app if item is not None else None
@@ -181,7 +199,7 @@ def clear_cache() -> None:
 def _load(app: str, task_dirs: Sequence[str | Path] | None) -> tuple[dict[str, Task], dict[str, str]]:
     spec = get_app_spec(app)
     dirs = _user_dirs(task_dirs)
-    key = (generation(), app, tuple(str(d) for d in dirs))   # a registration changes the generation
+    key = (generation(), app, tuple(str(d) for d in dirs))  # a registration changes the generation
     if key in _CACHE:
         return _CACHE[key]
     tasks: dict[str, Task] = {}
@@ -205,7 +223,7 @@ def _load(app: str, task_dirs: Sequence[str | Path] | None) -> tuple[dict[str, T
         try:
             data = read_task_file(f)
             if not shipped and isinstance(data, dict) and data.get("app") != app:
-                continue                                  # another app's task in a shared user folder
+                continue  # another app's task in a shared user folder
             t = parse_task(data, str(f))
         except (TaskError, RecursionError) as e:
             broken[str(f)] = str(e) if isinstance(e, TaskError) else f"{f}: nested too deeply"
@@ -226,4 +244,3 @@ def load_tasks(app: str, task_dirs: Sequence[str | Path] | None = None) -> dict[
 def broken_tasks(app: str, task_dirs: Sequence[str | Path] | None = None) -> dict[str, str]:
     """Task files of one app that failed to load: path -> reason."""
     return _load(app, task_dirs)[1]
-

@@ -10,6 +10,7 @@ the classic PPO loop below expects.
 Writes OUT/metrics.csv (one row per update: steps, episodic return, losses, steps/s) and OUT/agent.pt; then
 reloads the agent and plays one greedy episode.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ from coda_env.wrappers import ClickGrid, PixelObservation
 
 TASK = "tab_3d_graph"
 TAB_STRIP = (0, 41, 1016, 65)
-WRAPPERS = [functools.partial(PixelObservation, size=(84, 84)),
-            functools.partial(ClickGrid, rows=1, cols=12, kinds=("click",), region=TAB_STRIP, extra=("DONE",))]
+WRAPPERS = [
+    functools.partial(PixelObservation, size=(84, 84)),
+    functools.partial(ClickGrid, rows=1, cols=12, kinds=("click",), region=TAB_STRIP, extra=("DONE",)),
+]
 ENV_KWARGS = {"task": TASK, "settle_quiet": 0.2, "info_timings": False}  # 0.2: see sb3_ppo.make_env
 
 
@@ -66,10 +69,16 @@ class Agent(nn.Module):
     def __init__(self, channels: int, n_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+            layer_init(nn.Conv2d(channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
         self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
@@ -93,9 +102,14 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
-    envs = gym.make_vec("coda/KAlgebra-v0", num_envs=args.num_envs, wrappers=WRAPPERS,
-                        vectorization_mode="async" if args.num_envs > 1 else "sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **ENV_KWARGS)
+    envs = gym.make_vec(
+        "coda/KAlgebra-v0",
+        num_envs=args.num_envs,
+        wrappers=WRAPPERS,
+        vectorization_mode="async" if args.num_envs > 1 else "sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        **ENV_KWARGS,
+    )
     obs_shape, n_actions = envs.single_observation_space.shape, envs.single_action_space.n
     agent = Agent(obs_shape[-1], n_actions)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -110,8 +124,9 @@ def main(argv=None) -> dict:
     global_step, returns, t0 = 0, [], time.monotonic()
     log = open(out / "metrics.csv", "w", newline="")
     writer = csv.writer(log)
-    writer.writerow(["update", "global_step", "episodes", "mean_return", "pg_loss", "v_loss", "entropy",
-                     "approx_kl", "steps_per_s"])
+    writer.writerow(
+        ["update", "global_step", "episodes", "mean_return", "pg_loss", "v_loss", "entropy", "approx_kl", "steps_per_s"]
+    )
     try:
         next_obs, _ = envs.reset(seed=args.seed)
         next_obs, next_done = torch.as_tensor(next_obs), torch.zeros(args.num_envs)
@@ -146,7 +161,7 @@ def main(argv=None) -> dict:
 
             b_obs = obs_buf.reshape((-1, *obs_shape))
             b_logprobs, b_actions = logprobs.reshape(-1), actions.reshape(-1)
-            b_adv, b_ret, b_val = advantages.reshape(-1), returns_t.reshape(-1), values.reshape(-1)
+            b_adv, b_ret = advantages.reshape(-1), returns_t.reshape(-1)
             for _ in range(args.update_epochs):
                 for idx in torch.randperm(batch_size).split(minibatch_size):
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[idx], b_actions[idx])
@@ -155,8 +170,9 @@ def main(argv=None) -> dict:
                     approx_kl = ((ratio - 1) - logratio).mean()
                     adv = b_adv[idx]
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8) if len(idx) > 1 else adv
-                    pg_loss = torch.max(-adv * ratio,
-                                        -adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+                    pg_loss = torch.max(
+                        -adv * ratio, -adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    ).mean()
                     v_loss = 0.5 * ((newvalue.view(-1) - b_ret[idx]) ** 2).mean()
                     loss = pg_loss - args.ent_coef * entropy.mean() + v_loss * args.vf_coef
                     optimizer.zero_grad()
@@ -165,15 +181,32 @@ def main(argv=None) -> dict:
                     optimizer.step()
             sps = global_step / (time.monotonic() - t0)
             mean_ret = float(np.mean(returns[-20:])) if returns else float("nan")
-            writer.writerow([update, global_step, len(returns), mean_ret, pg_loss.item(), v_loss.item(),
-                             entropy.mean().item(), approx_kl.item(), round(sps, 3)])
+            writer.writerow(
+                [
+                    update,
+                    global_step,
+                    len(returns),
+                    mean_ret,
+                    pg_loss.item(),
+                    v_loss.item(),
+                    entropy.mean().item(),
+                    approx_kl.item(),
+                    round(sps, 3),
+                ]
+            )
             log.flush()
-            print(f"update {update}/{num_updates} step {global_step} episodes {len(returns)} "
-                  f"return(last 20) {mean_ret:.3f} sps {sps:.2f}", flush=True)
+            print(
+                f"update {update}/{num_updates} step {global_step} episodes {len(returns)} "
+                f"return(last 20) {mean_ret:.3f} sps {sps:.2f}",
+                flush=True,
+            )
     finally:
         log.close()
         envs.close()
-    torch.save({"state_dict": agent.state_dict(), "obs_shape": [int(s) for s in obs_shape], "n_actions": int(n_actions)}, out / "agent.pt")
+    torch.save(
+        {"state_dict": agent.state_dict(), "obs_shape": [int(s) for s in obs_shape], "n_actions": int(n_actions)},
+        out / "agent.pt",
+    )
 
     # reload and play one greedy episode
     saved = torch.load(out / "agent.pt", weights_only=True)
@@ -192,8 +225,14 @@ def main(argv=None) -> dict:
             ret, steps, done = ret + r, steps + 1, term or trunc
     finally:
         env.close()
-    result = {"global_step": global_step, "episodes": len(returns), "train_seconds": round(time.monotonic() - t0, 1),
-              "eval_return": ret, "eval_steps": steps, "eval_success": bool(info.get("success"))}
+    result = {
+        "global_step": global_step,
+        "episodes": len(returns),
+        "train_seconds": round(time.monotonic() - t0, 1),
+        "eval_return": ret,
+        "eval_steps": steps,
+        "eval_success": bool(info.get("success")),
+    }
     (out / "result.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return result

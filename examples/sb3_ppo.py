@@ -12,10 +12,10 @@ the tab strip plus DONE (13 actions); an episode scores 1.0 when the 3D Graph ta
 
 Writes OUT/progress.csv (SB3's logger), OUT/model.zip; then reloads the model and plays one greedy episode.
 """
+
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import time
 from pathlib import Path
@@ -26,7 +26,7 @@ import coda_env  # noqa: F401  (registers coda/KAlgebra-v0)
 from coda_env.wrappers import ClickGrid, PixelObservation
 
 TASK = "tab_3d_graph"
-TAB_STRIP = (0, 41, 1016, 65)   # KAlgebra's tab bar at 1280x800: 12 cells of 85 px, one per tab and beyond
+TAB_STRIP = (0, 41, 1016, 65)  # KAlgebra's tab bar at 1280x800: 12 cells of 85 px, one per tab and beyond
 
 
 def make_env(settle_quiet: float = 0.2) -> gym.Env:
@@ -58,8 +58,18 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.monotonic()
     try:
         batch = args.n_steps * args.num_envs
-        model = PPO("CnnPolicy", envs, n_steps=args.n_steps, batch_size=min(64, batch), n_epochs=4,
-                    learning_rate=2.5e-4, ent_coef=0.01, gamma=0.95, seed=args.seed, verbose=0)
+        model = PPO(
+            "CnnPolicy",
+            envs,
+            n_steps=args.n_steps,
+            batch_size=min(64, batch),
+            n_epochs=4,
+            learning_rate=2.5e-4,
+            ent_coef=0.01,
+            gamma=0.95,
+            seed=args.seed,
+            verbose=0,
+        )
         model.set_logger(configure(str(out), ["stdout", "csv"]))
         model.learn(total_timesteps=args.timesteps)
         model.save(out / "model")
@@ -79,9 +89,14 @@ def main(argv: list[str] | None = None) -> dict:
             ret, steps, done = ret + r, steps + 1, term or trunc
     finally:
         env.close()
-    result = {"timesteps": model.num_timesteps, "train_seconds": round(train_s, 1),
-              "steps_per_second": round(model.num_timesteps / train_s, 2), "eval_return": ret, "eval_steps": steps,
-              "eval_success": bool(info.get("success"))}
+    result = {
+        "timesteps": model.num_timesteps,
+        "train_seconds": round(train_s, 1),
+        "steps_per_second": round(model.num_timesteps / train_s, 2),
+        "eval_return": ret,
+        "eval_steps": steps,
+        "eval_success": bool(info.get("success")),
+    }
     (out / "result.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
     return result

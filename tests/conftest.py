@@ -1,4 +1,5 @@
 """Shared fixtures: real KAlgebra envs on real Xvfb desktops (installed by `make setup`)."""
+
 from __future__ import annotations
 
 import json
@@ -66,6 +67,7 @@ def run_solution(env, task_id: str):
 @pytest.fixture(scope="module")
 def kalgebra_env():
     from coda_env.env import CodaEnv
+
     env = CodaEnv(app="kalgebra")
     yield env
     env.close()
@@ -79,4 +81,5 @@ def _fast_tier_starts_no_x(request, monkeypatch):
 
         def refuse(self):
             raise AssertionError("a `fast` test must not start Xvfb: use backend='fake'")
+
         monkeypatch.setattr(LocalDesktop, "start", refuse)

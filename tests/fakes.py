@@ -1,6 +1,7 @@
 """FAKES for fast tests of the trainers' logic: the real CodaEnv on the fake backend and scripted FAKE app
 (`coda_env.backends.fake`, no X server), scored by a FAKE scorer. Never the only test of a behaviour: the
 real-env suites (test_train.py's learning test on KAlgebra) cover the same code paths end to end."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -15,6 +16,7 @@ FAKE_ENV_ID = "test/FakeAlternating-v0"
 class AlternatingScorer:
     """A FAKE scorer: rewards 1, 0, 1, 0, ... in the order it scores episodes, whatever the agent did. Noise,
     not a task: what a training-loop test needs from it is groups whose rewards differ."""
+
     history_size = None
 
     def __init__(self) -> None:
@@ -30,10 +32,18 @@ def make_alternating_env(**kwargs) -> CodaEnv:
     """The FAKE app on the fake backend, small screens, each env with its own AlternatingScorer. The app is
     registered again when a test that ran before unregistered it (test_core's and test_eval's clean-ups)."""
     from coda_env.registry import APPS
+
     if "fake" not in APPS:
         register_fake()
-    return CodaEnv(app="fake", backend="fake", screen=(320, 200), reward=AlternatingScorer(), settle_quiet=0.0,
-                   settle_timeout=0.0, **kwargs)
+    return CodaEnv(
+        app="fake",
+        backend="fake",
+        screen=(320, 200),
+        reward=AlternatingScorer(),
+        settle_quiet=0.0,
+        settle_timeout=0.0,
+        **kwargs,
+    )
 
 
 register_fake()

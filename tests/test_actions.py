@@ -35,8 +35,10 @@ VALID: list[tuple[str, list[Action]]] = [
     # click family
     ("pyautogui.click(100, 200)", [A("click", 100, 200)]),
     ("pyautogui.click()", [A("click")]),
-    ("pyautogui.click(x=100, y=200, clicks=2, interval=0.1, button='right', duration=0.2)",
-     [A("click", 100, 200, button="right", clicks=2)]),
+    (
+        "pyautogui.click(x=100, y=200, clicks=2, interval=0.1, button='right', duration=0.2)",
+        [A("click", 100, 200, button="right", clicks=2)],
+    ),
     ("pyautogui.click((100, 200))", [A("click", 100, 200)]),
     ("pyautogui.click([100.4, 199.5])", [A("click", 100, 200)]),
     ("pyautogui.click(x=(3, 4), clicks=3)", [A("click", 3, 4, clicks=3)]),
@@ -52,8 +54,7 @@ VALID: list[tuple[str, list[Action]]] = [
     ("pyautogui.click(10, 20, 2, 0.0, 'middle')", [A("click", 10, 20, button="middle", clicks=2)]),
     ("pyautogui.leftClick(5, 6)", [A("click", 5, 6)]),
     ("pyautogui.doubleClick(10, 20)", [A("click", 10, 20, clicks=2)]),
-    ("pyautogui.doubleClick(x=10, y=20, interval=0.2, button='right')",
-     [A("click", 10, 20, button="right", clicks=2)]),
+    ("pyautogui.doubleClick(x=10, y=20, interval=0.2, button='right')", [A("click", 10, 20, button="right", clicks=2)]),
     ("pyautogui.tripleClick(x=10, y=20, button='middle')", [A("click", 10, 20, button="middle", clicks=3)]),
     ("pyautogui.rightClick(10, 20)", [A("click", 10, 20, button="right")]),
     ("pyautogui.rightClick()", [A("click", button="right")]),
@@ -69,8 +70,7 @@ VALID: list[tuple[str, list[Action]]] = [
     ("pyautogui.mouseUp(x=1, y=2)", [A("mouse_up", 1, 2)]),
     ("pyautogui.dragTo(500, 600)", [A("drag", 500, 600)]),
     ("pyautogui.dragTo(500, 600, 1.0, 'left')", [A("drag", 500, 600, seconds=1.0)]),
-    ("pyautogui.dragTo((500, 600), duration=2, button='right')",
-     [A("drag", 500, 600, button="right", seconds=2.0)]),
+    ("pyautogui.dragTo((500, 600), duration=2, button='right')", [A("drag", 500, 600, button="right", seconds=2.0)]),
     # scrolling
     ("pyautogui.scroll(-5)", [A("scroll", amount=-5)]),
     ("pyautogui.scroll(3, 100, 200)", [A("scroll", 100, 200, amount=3)]),
@@ -83,7 +83,7 @@ VALID: list[tuple[str, list[Action]]] = [
     ("pyautogui.write('hello world')", [A("type", text="hello world")]),
     ("pyautogui.typewrite('x:=2\\n', interval=0.05)", [A("type", text="x:=2\n")]),
     ("pyautogui.write(message='a\\tb')", [A("type", text="a\tb")]),
-    ("pyautogui.write(\"it's \\\"quoted\\\"\")", [A("type", text="it's \"quoted\"")]),
+    ('pyautogui.write("it\'s \\"quoted\\"")', [A("type", text='it\'s "quoted"')]),
     ("pyautogui.write('a' 'b')", [A("type", text="ab")]),
     ("pyautogui.write('')", [A("type", text="")]),
     ("pyautogui.write('~!@#$%^&*()_+{}|:<>?')", [A("type", text="~!@#$%^&*()_+{}|:<>?")]),
@@ -99,13 +99,15 @@ VALID: list[tuple[str, list[Action]]] = [
     ("pyautogui.press(' ')", [A("press", keys=("space",))]),
     ("pyautogui.press('F5')", [A("press", keys=("f5",))]),
     ("pyautogui.press('\\\\')", [A("press", keys=("\\",))]),
-    ("pyautogui.press(\"'\")", [A("press", keys=("'",))]),
+    ('pyautogui.press("\'")', [A("press", keys=("'",))]),
     ("pyautogui.hotkey('ctrl', 's')", [A("hotkey", keys=("ctrl", "s"))]),
     ("pyautogui.hotkey('Control', 'Shift', 'T', interval=0.1)", [A("hotkey", keys=("ctrl", "shift", "t"))]),
     ("pyautogui.hotkey(['cmd', 'c'])", [A("hotkey", keys=("command", "c"))]),
     ("pyautogui.hotkey('escape')", [A("hotkey", keys=("esc",))]),
-    ("pyautogui.hotkey('ctrl', 'alt', 'shift', 'win', 'f1', 'a')",
-     [A("hotkey", keys=("ctrl", "alt", "shift", "win", "f1", "a"))]),
+    (
+        "pyautogui.hotkey('ctrl', 'alt', 'shift', 'win', 'f1', 'a')",
+        [A("hotkey", keys=("ctrl", "alt", "shift", "win", "f1", "a"))],
+    ),
     ("pyautogui.keyDown('shift')", [A("key_down", keys=("shift",))]),
     ("pyautogui.keyUp(key='del')", [A("key_up", keys=("delete",))]),
     # sleeping
@@ -115,12 +117,18 @@ VALID: list[tuple[str, list[Action]]] = [
     ("time.sleep(5)\ntime.sleep(5)", [A("sleep", seconds=5.0)] * 2),
     ("time.sleep(0)", [A("sleep", seconds=0.0)]),
     # several statements, imports, fences, comments, layout
-    ("import pyautogui\npyautogui.write('x:=2')\npyautogui.press('enter')",
-     [A("type", text="x:=2"), A("press", keys=("enter",))]),
-    ("import pyautogui, time\npyautogui.click(1, 1); time.sleep(0.5); pyautogui.write('a')",
-     [A("click", 1, 1), A("sleep", seconds=0.5), A("type", text="a")]),
-    ("import pyautogui\nimport time\npyautogui.hotkey('ctrl', 'a')\npyautogui.press('backspace')",
-     [A("hotkey", keys=("ctrl", "a")), A("press", keys=("backspace",))]),
+    (
+        "import pyautogui\npyautogui.write('x:=2')\npyautogui.press('enter')",
+        [A("type", text="x:=2"), A("press", keys=("enter",))],
+    ),
+    (
+        "import pyautogui, time\npyautogui.click(1, 1); time.sleep(0.5); pyautogui.write('a')",
+        [A("click", 1, 1), A("sleep", seconds=0.5), A("type", text="a")],
+    ),
+    (
+        "import pyautogui\nimport time\npyautogui.hotkey('ctrl', 'a')\npyautogui.press('backspace')",
+        [A("hotkey", keys=("ctrl", "a")), A("press", keys=("backspace",))],
+    ),
     ("```python\npyautogui.click(1, 2)\n```", [A("click", 1, 2)]),
     ("```\npyautogui.click(1, 2)\npyautogui.click(3, 4)\n```", [A("click", 1, 2), A("click", 3, 4)]),
     ("  ```py\nDONE\n```  ", [A("done")]),
@@ -129,8 +137,10 @@ VALID: list[tuple[str, list[Action]]] = [
     ("pyautogui.click(\n    100,\n    200,\n)", [A("click", 100, 200)]),
     ("\n\n    pyautogui.click(1, 2)\n\n", [A("click", 1, 2)]),
     ("pyautogui.press('a')\n" * 50, [A("press", keys=("a",))] * 50),
-    ("pyautogui.moveTo(1, 1, duration=4)\npyautogui.dragTo(5, 5, duration=3)\ntime.sleep(3)",
-     [A("move", 1, 1, seconds=4.0), A("drag", 5, 5, seconds=3.0), A("sleep", seconds=3.0)]),
+    (
+        "pyautogui.moveTo(1, 1, duration=4)\npyautogui.dragTo(5, 5, duration=3)\ntime.sleep(3)",
+        [A("move", 1, 1, seconds=4.0), A("drag", 5, 5, seconds=3.0), A("sleep", seconds=3.0)],
+    ),
     # terminal answers
     ("DONE", [A("done")]),
     ("  DONE  \n", [A("done")]),
@@ -138,7 +148,10 @@ VALID: list[tuple[str, list[Action]]] = [
     ("WAIT", [A("wait")]),
     ("ANS 42", [A("answer", text="42")]),
     ("ANS   spaced out  ", [A("answer", text="spaced out")]),
-    ("ANS The answer is 3.14 \u2014 \u03c0 \u2248 3.14159 \u2713", [A("answer", text="The answer is 3.14 \u2014 \u03c0 \u2248 3.14159 \u2713")]),
+    (
+        "ANS The answer is 3.14 \u2014 \u03c0 \u2248 3.14159 \u2713",
+        [A("answer", text="The answer is 3.14 \u2014 \u03c0 \u2248 3.14159 \u2713")],
+    ),
     ("ANS \u6771\u4eac\nline two", [A("answer", text="\u6771\u4eac\nline two")]),
     ("ANS " + "x" * 2000, [A("answer", text="x" * 2000)]),
 ]
@@ -156,9 +169,11 @@ def test_round_trip(code: str, expected: list[Action]) -> None:
 
 
 def test_canonical_code_examples() -> None:
-    assert A("click", 1, 2, button="right", clicks=2).to_pyautogui() == "pyautogui.click(1, 2, clicks=2, button='right')"
+    assert (
+        A("click", 1, 2, button="right", clicks=2).to_pyautogui() == "pyautogui.click(1, 2, clicks=2, button='right')"
+    )
     assert A("press", keys=("enter",), presses=3).to_pyautogui() == "pyautogui.press('enter', presses=3)"
-    assert A("type", text="a'b\n").to_pyautogui() == "pyautogui.write(\"a'b\\n\")"
+    assert A("type", text="a'b\n").to_pyautogui() == 'pyautogui.write("a\'b\\n")'
     assert A("answer", text="42").to_pyautogui() == "ANS 42"
     assert [A(k).to_pyautogui() for k in ("done", "fail", "wait")] == ["DONE", "FAIL", "WAIT"]
 
@@ -170,15 +185,62 @@ def test_other_screen_size() -> None:
 
 
 def test_constants() -> None:
-    assert KINDS == ("move", "click", "mouse_down", "mouse_up", "drag", "scroll", "hscroll", "type",
-                     "press", "hotkey", "key_down", "key_up", "sleep", "done", "fail", "wait", "answer")
+    assert KINDS == (
+        "move",
+        "click",
+        "mouse_down",
+        "mouse_up",
+        "drag",
+        "scroll",
+        "hscroll",
+        "type",
+        "press",
+        "hotkey",
+        "key_down",
+        "key_up",
+        "sleep",
+        "done",
+        "fail",
+        "wait",
+        "answer",
+    )
     assert TERMINAL_KINDS == {"done", "fail", "answer"}
-    assert STRUCTURED_KINDS == ("move", "click", "double_click", "right_click", "drag", "scroll",
-                                "press", "hotkey", "done", "fail", "wait")
+    assert STRUCTURED_KINDS == (
+        "move",
+        "click",
+        "double_click",
+        "right_click",
+        "drag",
+        "scroll",
+        "press",
+        "hotkey",
+        "done",
+        "fail",
+        "wait",
+    )
     assert len(set(KEY_NAMES)) == len(KEY_NAMES)
     assert all(k == k.lower() and k.isprintable() for k in KEY_NAMES)
-    for key in ("enter", "tab", "esc", "backspace", "ctrl", "ctrlleft", "shift", "alt", "win",
-                "command", "up", "f1", "f24", "a", "0", "/", "space", "delete", "pageup"):
+    for key in (
+        "enter",
+        "tab",
+        "esc",
+        "backspace",
+        "ctrl",
+        "ctrlleft",
+        "shift",
+        "alt",
+        "win",
+        "command",
+        "up",
+        "f1",
+        "f24",
+        "a",
+        "0",
+        "/",
+        "space",
+        "delete",
+        "pageup",
+    ):
         assert key in KEY_NAMES
     assert A("answer", text="x").terminal and not A("wait").terminal
     with pytest.raises(ActionError, match="unknown action kind"):
@@ -245,7 +307,10 @@ MALICIOUS: list[tuple[object, str]] = [
     ("breakpoint()", "`breakpoint` is not allowed"),
     ("help()", "`help` is not allowed"),
     ("type('A', (), {})", "`type` is not allowed"),
-    ("os.system('ls')", "`os.system` is not allowed; only pyautogui.<function>(...) and time.sleep(...) calls are accepted"),
+    (
+        "os.system('ls')",
+        "`os.system` is not allowed; only pyautogui.<function>(...) and time.sleep(...) calls are accepted",
+    ),
     ("subprocess.run(['ls'])", "`subprocess.run` is not allowed"),
     # attribute tricks
     ("pyautogui.__class__", "attribute access"),
@@ -291,7 +356,7 @@ MALICIOUS: list[tuple[object, str]] = [
     ("pyautogui.write((c for c in 'ab'))", "generator expression"),
     ("pyautogui.write(''.join(c for c in 'ab'))", "nested call"),
     ("pyautogui.write(f'{1+1}')", "f-string"),
-    ("f'{__import__(\"os\").system(\"ls\")}'", "f-string"),
+    ('f\'{__import__("os").system("ls")}\'', "f-string"),
     ("(x := 5)", "walrus"),
     ("pyautogui.click(x := 5, 5)", "walrus"),
     ("x = 5", "assignment"),
@@ -442,7 +507,10 @@ MALICIOUS: list[tuple[object, str]] = [
     ("pyautogui.click(1, 2); __import__('os').system('ls')", "__import__"),
     ("import pyautogui\nos.system('rm -rf /')", "line 2: `os.system` is not allowed"),
     ("pyautogui.click(\n1,\n2)\nos.system('x')", "line 4: `os.system`"),
-    ("pyautogui.click(100, 100)\npyautogui.write(open('/etc/passwd').read())", "line 2: pyautogui.write: message: nested call"),
+    (
+        "pyautogui.click(100, 100)\npyautogui.write(open('/etc/passwd').read())",
+        "line 2: pyautogui.write: message: nested call",
+    ),
     # empty / non-str / malformed / terminal misuse
     ("", "empty"),
     ("   \n\t  ", "empty"),
@@ -511,6 +579,7 @@ def test_parser_never_evaluates(monkeypatch: pytest.MonkeyPatch, sentinel_dir) -
         def raiser(*args, **kwargs):
             calls.append(name)
             raise AssertionError(f"parser called {name}")
+
         return raiser
 
     real_import = builtins.__import__
@@ -608,8 +677,10 @@ STRUCTURED_CASES = [
     (_sample("scroll", (5, 6), scroll=13), [A("scroll", 5, 6, amount=3)]),
     (_sample("scroll", (5, 6), scroll=0), [A("scroll", 5, 6, amount=-10)]),
     (_sample("press", keys=(KEY_NAMES.index("enter") + 1, 0, 5)), [A("press", keys=("enter",))]),
-    (_sample("hotkey", keys=(KEY_NAMES.index("ctrl") + 1, 0, KEY_NAMES.index("s") + 1)),
-     [A("hotkey", keys=("ctrl", "s"))]),
+    (
+        _sample("hotkey", keys=(KEY_NAMES.index("ctrl") + 1, 0, KEY_NAMES.index("s") + 1)),
+        [A("hotkey", keys=("ctrl", "s"))],
+    ),
     (_sample("done"), [A("done")]),
     (_sample("fail"), [A("fail")]),
     (_sample("wait"), [A("wait")]),

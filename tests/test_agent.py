@@ -4,6 +4,7 @@ The tiny model is random-initialised from real transformers classes, then taught
 real gradient steps on the task's real first screenshot (one planner answer, one executor completion), so
 that the planner -> executor -> env path is exercised with real generations, not only the parse errors.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,12 @@ from coda_env.actions import parse_action
 
 torch = pytest.importorskip("torch")
 
-from coda_agent.eval import run_eval                                      # noqa: E402
-from coda_agent.executor import Executor                                  # noqa: E402
-from coda_agent.models import SamplingParams, TransformersVLM             # noqa: E402
-from coda_agent.planner import Planner                                    # noqa: E402
-from coda_agent.policy import CodaAgent, PlannerOnlyAgent, UITarsAgent, make_agent   # noqa: E402
-from coda_agent.tiny import build_tiny_qwen2_5_vl                         # noqa: E402
+from coda_agent.eval import run_eval  # noqa: E402
+from coda_agent.executor import Executor  # noqa: E402
+from coda_agent.models import SamplingParams, TransformersVLM  # noqa: E402
+from coda_agent.planner import Planner  # noqa: E402
+from coda_agent.policy import CodaAgent, PlannerOnlyAgent, UITarsAgent, make_agent  # noqa: E402
+from coda_agent.tiny import build_tiny_qwen2_5_vl  # noqa: E402
 
 PLAN = "Thought: The console is empty.\nAction: Click the input line at the bottom of the window"
 CLICK = "click(start_box='(140,84)')"
@@ -47,6 +48,7 @@ def teach(vlm: TransformersVLM, pairs, steps: int = 60, lr: float = 3e-3) -> Non
 def first_obs():
     """The real first observation of KAlgebra's calc_power task (what the agent sees at step 1)."""
     import gymnasium as gym
+
     env = gym.make("coda/KAlgebra-v0")
     try:
         obs, _ = env.reset(seed=0, options={"task": "calc_power"})
@@ -59,20 +61,23 @@ def first_obs():
 def taught(tmp_path_factory, first_obs):
     vlm = TransformersVLM(build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny") / "m"))
     planner = Planner(vlm, "kalgebra", params=SamplingParams(max_new_tokens=40))
-    executor = Executor(vlm, params=SamplingParams(max_new_tokens=16, temperature=0.0))   # greedy: the taught answer
+    executor = Executor(vlm, params=SamplingParams(max_new_tokens=16, temperature=0.0))  # greedy: the taught answer
     instr, shot = first_obs["instruction"], first_obs["screenshot"]
     thought = "The console is empty. Click the input line at the bottom of the window"
-    teach(vlm, [(planner.conversation(instr, [], shot), PLAN),
-                (executor.conversation(instr, thought, shot), CLICK)], steps=80)
+    teach(
+        vlm,
+        [(planner.conversation(instr, [], shot), PLAN), (executor.conversation(instr, thought, shot), CLICK)],
+        steps=80,
+    )
     return vlm, planner, executor
 
 
 def test_taught_model_drives_planner_and_executor(taught, first_obs):
     vlm, planner, executor = taught
     instr, shot = first_obs["instruction"], first_obs["screenshot"]
-    (gen, plan), = planner.plan([planner.conversation(instr, [], shot)])
+    ((gen, plan),) = planner.plan([planner.conversation(instr, [], shot)])
     assert plan.action == "Click the input line at the bottom of the window", gen.text
-    res, = executor.execute([(instr, f"{plan.thought} {plan.action}", shot)])
+    (res,) = executor.execute([(instr, f"{plan.thought} {plan.action}", shot)])
     # (140, 84) in the tiny model's 280x168 image space is (640, 400) on the 1280x800 screen
     assert res.action == "pyautogui.click(640, 400)", res.calls
 
@@ -82,7 +87,7 @@ def _check_run(out, n_steps_max):
     assert 1 <= len(steps) <= n_steps_max
     for s in steps:
         assert s["action"] in ("WAIT", "DONE", "FAIL") or s["action"].startswith("ANS") or parse_action(s["action"])
-        assert s["action"] != "WAIT" or s["parse_errors"], s          # WAIT only stands for a parse error here
+        assert s["action"] != "WAIT" or s["parse_errors"], s  # WAIT only stands for a parse error here
         assert s["calls"] and all("output" in c for c in s["calls"])
     assert (out / "report" / "calc_power__0.html").exists() and (out / "results.json").exists()
     return steps
@@ -91,23 +96,28 @@ def _check_run(out, n_steps_max):
 def test_coda_agent_on_real_kalgebra(taught, tmp_path):
     vlm, planner, executor = taught
     agent = CodaAgent(planner, executor)
-    run_eval("coda/KAlgebra-v0", agent, tmp_path / "coda", ["calc_power"], env_kwargs={"max_steps": 3},
-             progress=False)
+    run_eval("coda/KAlgebra-v0", agent, tmp_path / "coda", ["calc_power"], env_kwargs={"max_steps": 3}, progress=False)
     steps = _check_run(tmp_path / "coda", 3)
     first = steps[0]
     assert [c["model"] for c in first["calls"]][0] == "planner"
-    assert first["calls"][0]["input"][0]["role"] == "system" and "<image 1280x800>" in first["calls"][0]["input"][-1]["content"]
-    assert any(s["action"] == "pyautogui.click(640, 400)" for s in steps)   # executor actions reached the env
+    assert (
+        first["calls"][0]["input"][0]["role"] == "system"
+        and "<image 1280x800>" in first["calls"][0]["input"][-1]["content"]
+    )
+    assert any(s["action"] == "pyautogui.click(640, 400)" for s in steps)  # executor actions reached the env
 
 
 def test_baselines_with_untaught_tiny_model(tmp_path):
     """Random weights: gibberish answers must become counted parse errors (WAIT), never crashes."""
     vlm = TransformersVLM(build_tiny_qwen2_5_vl(tmp_path / "raw", seed=1))
     p = SamplingParams(max_new_tokens=24, temperature=1.0)
-    for name, agent in [("uitars", UITarsAgent(vlm, history_images=2, params=p)),
-                        ("planner-only", PlannerOnlyAgent(Planner(vlm, "kalgebra", params=p)))]:
-        run_eval("coda/KAlgebra-v0", agent, tmp_path / name, ["calc_power"], env_kwargs={"max_steps": 2},
-                 progress=False)
+    for name, agent in [
+        ("uitars", UITarsAgent(vlm, history_images=2, params=p)),
+        ("planner-only", PlannerOnlyAgent(Planner(vlm, "kalgebra", params=p))),
+    ]:
+        run_eval(
+            "coda/KAlgebra-v0", agent, tmp_path / name, ["calc_power"], env_kwargs={"max_steps": 2}, progress=False
+        )
         steps = _check_run(tmp_path / name, 2)
         assert sum(len(s["parse_errors"]) for s in steps) >= 1
 

@@ -5,6 +5,7 @@ the command level (the commands the oracle types, replayed over REST as the comm
 the engine that `make chimerax-engine` builds. The GUI suite (marker `chimerax`) needs UCSF's .deb and is
 skipped, with the reason, where it is missing.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "coda_env" / "apps" / "chimerax"
 ENGINE = REPO / ".chimerax-engine" / "bin" / "chimerax-engine"
 SB_DIR = Path(os.environ.get("SCIENCEBOARD_DIR", REPO.parent / "shared" / "scienceboard")) / "tasks" / "VM" / "ChimeraX"
-needs_engine = pytest.mark.skipif(not ENGINE.exists(), reason="the ChimeraX engine is not built: run `make chimerax-engine`")
+needs_engine = pytest.mark.skipif(
+    not ENGINE.exists(), reason="the ChimeraX engine is not built: run `make chimerax-engine`"
+)
 CHECKS = {c.name: c for c in ck.CHECKS}
 OPS = {o.name: o for o in su.SETUP_OPS}
 
@@ -42,6 +45,7 @@ def test_missing_chimerax_is_one_clear_line(monkeypatch):
     monkeypatch.delenv("CODA_CHIMERAX", raising=False)
     from coda_env.apps import chimerax
     import glob
+
     if any(glob.glob(p) for p in ad.DEB_PATHS):
         pytest.skip("a real ChimeraX is installed here")
     msg = chimerax.available()
@@ -53,45 +57,69 @@ def test_missing_chimerax_is_one_clear_line(monkeypatch):
 @pytest.mark.fast
 def test_command_whitelist():
     assert su.check_command("color /A red; style ball") == "color /A red; style ball"
-    for bad in ("open /etc/passwd", "save ~/x.pdb", "runscript x.py", "shell ls", "color red; pyscript x",
-                "hbonds saveFile /tmp/x", "remotecontrol rest start", "", "color\nred", "toolshed install x"):
+    for bad in (
+        "open /etc/passwd",
+        "save ~/x.pdb",
+        "runscript x.py",
+        "shell ls",
+        "color red; pyscript x",
+        "hbonds saveFile /tmp/x",
+        "remotecontrol rest start",
+        "",
+        "color\nred",
+        "toolshed install x",
+    ):
         with pytest.raises(SetupError):
             su.check_command(bad)
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("command,words", [
-    ("info models saveF /tmp/x", "info models's keyword 'saveFile', which writes a file"),
-    ("hbonds /A saveF /tmp/x", "hbonds's keyword 'saveFile'"),
-    ("hbonds /A s /tmp/x", "hbonds's keyword 'saveFile'"),              # ChimeraX picks `select`; refused anyway
-    ("hbonds /A SAVEFILE /tmp/x", "keyword 'saveFile'"),
-    ("hbonds /A save_file /tmp/x", "keyword 'saveFile'"),                # ChimeraX reads save_file as saveFile
-    ("contacts /A sav /tmp/x", "contacts's keyword 'saveFile'"),
-    ("clashes /A Save /tmp/x", "keyword 'saveFile'"),
-    ("measure convexity #1 writeS true", "'writeSurfaceData', which writes a file"),
-    ("color red; runs /tmp/x.py", "'runs' is not a full ChimeraX command name (ChimeraX would complete it to runscript)"),
-    ("sav /tmp/x.pdb", "would complete it to save"),
-    ("Color red", "'Color' is not a full ChimeraX command name"),
-    ("colo red", "is not a full ChimeraX command name"),
-    ("save /tmp/x.pdb", "ChimeraX command 'save' is not allowed"),
-    ("open /tmp/x.py", "ChimeraX command 'open' is not allowed"),
-    ("runscript /tmp/x.py", "not allowed"), ("cd /tmp", "not allowed"), ("toolshed install x", "not allowed"),
-    ("remotecontrol rest start port 9", "not allowed"), ("pyscript x", "'pyscript' is not a ChimeraX command"),
-    ("color b", "ambiguous: it abbreviates the subcommands bfactor and byattribute"),
-    ("color image #1 file /etc/hostname", "'color image' is not allowed in a task file: it reads an image file"),
-    ("distance save /tmp/x", "'distance save' is not allowed in a task file: it writes a file"),
-    ("info notify start models c url http://x/", "'info notify start' is not allowed"),
-    ("info path", "lists the host's folders"),
-    ("hbonds /A po 1", "could be read as the keyword 'port'"),
-    ("wait 100000000", "frames to wait must be finite and at most 600"),
-    ("wait 601", "at most 600"),
-    ("turn y 90 100000", "a number in a command that animates must be finite and at most 3600"),
-    ("size /A stickRadius 1e400", "must be finite"), ("label /A text nan", "must be finite"),
-    ("turn 1,0,1e999 90", "must be finite"),
-    ("2dlabels text 'hi'", "quotes"), ('label /A text "a;save /tmp/x"', "quotes"),
-    ("color red\tblue", "control characters"), ("color red;", "empty command"), ("# save x", "comment"),
-    ("", "1..2000 characters"), ("color " + "a" * 2000, "1..2000 characters"),
-])
+@pytest.mark.parametrize(
+    "command,words",
+    [
+        ("info models saveF /tmp/x", "info models's keyword 'saveFile', which writes a file"),
+        ("hbonds /A saveF /tmp/x", "hbonds's keyword 'saveFile'"),
+        ("hbonds /A s /tmp/x", "hbonds's keyword 'saveFile'"),  # ChimeraX picks `select`; refused anyway
+        ("hbonds /A SAVEFILE /tmp/x", "keyword 'saveFile'"),
+        ("hbonds /A save_file /tmp/x", "keyword 'saveFile'"),  # ChimeraX reads save_file as saveFile
+        ("contacts /A sav /tmp/x", "contacts's keyword 'saveFile'"),
+        ("clashes /A Save /tmp/x", "keyword 'saveFile'"),
+        ("measure convexity #1 writeS true", "'writeSurfaceData', which writes a file"),
+        (
+            "color red; runs /tmp/x.py",
+            "'runs' is not a full ChimeraX command name (ChimeraX would complete it to runscript)",
+        ),
+        ("sav /tmp/x.pdb", "would complete it to save"),
+        ("Color red", "'Color' is not a full ChimeraX command name"),
+        ("colo red", "is not a full ChimeraX command name"),
+        ("save /tmp/x.pdb", "ChimeraX command 'save' is not allowed"),
+        ("open /tmp/x.py", "ChimeraX command 'open' is not allowed"),
+        ("runscript /tmp/x.py", "not allowed"),
+        ("cd /tmp", "not allowed"),
+        ("toolshed install x", "not allowed"),
+        ("remotecontrol rest start port 9", "not allowed"),
+        ("pyscript x", "'pyscript' is not a ChimeraX command"),
+        ("color b", "ambiguous: it abbreviates the subcommands bfactor and byattribute"),
+        ("color image #1 file /etc/hostname", "'color image' is not allowed in a task file: it reads an image file"),
+        ("distance save /tmp/x", "'distance save' is not allowed in a task file: it writes a file"),
+        ("info notify start models c url http://x/", "'info notify start' is not allowed"),
+        ("info path", "lists the host's folders"),
+        ("hbonds /A po 1", "could be read as the keyword 'port'"),
+        ("wait 100000000", "frames to wait must be finite and at most 600"),
+        ("wait 601", "at most 600"),
+        ("turn y 90 100000", "a number in a command that animates must be finite and at most 3600"),
+        ("size /A stickRadius 1e400", "must be finite"),
+        ("label /A text nan", "must be finite"),
+        ("turn 1,0,1e999 90", "must be finite"),
+        ("2dlabels text 'hi'", "quotes"),
+        ('label /A text "a;save /tmp/x"', "quotes"),
+        ("color red\tblue", "control characters"),
+        ("color red;", "empty command"),
+        ("# save x", "comment"),
+        ("", "1..2000 characters"),
+        ("color " + "a" * 2000, "1..2000 characters"),
+    ],
+)
 def test_commands_are_judged_by_what_chimerax_resolves_them_to(command, words):
     with pytest.raises(SetupError) as e:
         su.check_command(command)
@@ -101,13 +129,19 @@ def test_commands_are_judged_by_what_chimerax_resolves_them_to(command, words):
 @pytest.mark.fast
 def test_commands_that_stay_allowed():
     from coda_env.apps.chimerax import commands as cx
+
     assert cx.check("color grey; color byhetero; style /A ball", su.POLICY) == ["color", "color", "style"]
     assert cx.check("hbonds /A reveal true name hb log true; ~hbonds", su.POLICY) == ["hbonds", "~hbonds"]
     assert cx.check("turn y 90 60; wait 60; lighting soft; graphics silhouettes true", su.POLICY) == [
-        "turn", "wait", "lighting", "graphics silhouettes"]
-    assert cx.check("select :5-7; transparency /A 50 target s; cartoon style /A width 2", su.POLICY)[2] == \
-        "cartoon style"
-    assert cx.check("info sel", ck.READ_ONLY) == ["info selection"]          # ScienceBoard's A-05, B-04
+        "turn",
+        "wait",
+        "lighting",
+        "graphics silhouettes",
+    ]
+    assert (
+        cx.check("select :5-7; transparency /A 50 target s; cartoon style /A width 2", su.POLICY)[2] == "cartoon style"
+    )
+    assert cx.check("info sel", ck.READ_ONLY) == ["info selection"]  # ScienceBoard's A-05, B-04
     assert cx.check("info rescolor /A:1-2", ck.READ_ONLY) == ["info rescolor"]
     # the table covers every whitelisted command, from ChimeraX itself (tools/chimerax_gen_commands.py)
     table = cx.table()["commands"]
@@ -120,8 +154,15 @@ def test_commands_that_stay_allowed():
 def test_setup_op_validation():
     OPS["chimerax_open"].validate({"data": "twohelix.pdb"})
     OPS["chimerax_open"].validate({"path": "in/x.cif"})
-    for bad in ({"data": "../x.pdb"}, {"data": "nope.pdb"}, {"path": "/etc/x.pdb"}, {"path": "../x.pdb"},
-                {"data": "twohelix.pdb", "path": "x.pdb"}, {"path": "x.txt"}, {}):
+    for bad in (
+        {"data": "../x.pdb"},
+        {"data": "nope.pdb"},
+        {"path": "/etc/x.pdb"},
+        {"path": "../x.pdb"},
+        {"data": "twohelix.pdb", "path": "x.pdb"},
+        {"path": "x.txt"},
+        {},
+    ):
         with pytest.raises(SetupError):
             OPS["chimerax_open"].validate(bad)
     OPS["chimerax_turn"].validate({"axis": "y", "angle": 30})
@@ -140,15 +181,20 @@ def test_check_validation():
     CHECKS["chimerax_info"].validate({"log": True, "pattern": "Distance"})
     CHECKS["chimerax_file"].validate({"path": "a.png", "width": 10})
     CHECKS["chimerax_file"].validate({"path": "s.cxs", "state": [{"path": "models.0.name", "value": "x"}]})
-    bad = [("states", {"path": "", "value": 1}), ("states", {"path": "a", "value": 1, "pattern": "x"}),
-           ("states", {"path": "a", "pattern": "(a+)+"}), ("chimerax_info", {"command": "color red", "value": 1}),
-           ("chimerax_info", {"command": "info models; close", "value": 1}),
-           ("chimerax_info", {"command": "measure center /A mark true; save x", "value": 1}),
-           ("chimerax_info", {"command": "measure center /A mark true", "value": 1}),
-           ("chimerax_info", {"command": "info models saveFile /tmp/x", "value": 1}),
-           ("chimerax_file", {"path": "../x.pdb", "atoms": 1}), ("chimerax_file", {"path": "x.pdb", "width": 1}),
-           ("chimerax_file", {"path": "x.pdb", "state": [{"path": "a", "value": 1}]}),
-           ("chimerax_file", {"path": "x.pdb"})]
+    bad = [
+        ("states", {"path": "", "value": 1}),
+        ("states", {"path": "a", "value": 1, "pattern": "x"}),
+        ("states", {"path": "a", "pattern": "(a+)+"}),
+        ("chimerax_info", {"command": "color red", "value": 1}),
+        ("chimerax_info", {"command": "info models; close", "value": 1}),
+        ("chimerax_info", {"command": "measure center /A mark true; save x", "value": 1}),
+        ("chimerax_info", {"command": "measure center /A mark true", "value": 1}),
+        ("chimerax_info", {"command": "info models saveFile /tmp/x", "value": 1}),
+        ("chimerax_file", {"path": "../x.pdb", "atoms": 1}),
+        ("chimerax_file", {"path": "x.pdb", "width": 1}),
+        ("chimerax_file", {"path": "x.pdb", "state": [{"path": "a", "value": 1}]}),
+        ("chimerax_file", {"path": "x.pdb"}),
+    ]
     for name, c in bad:
         with pytest.raises(CheckError):
             CHECKS[name].validate(c)
@@ -156,8 +202,11 @@ def test_check_validation():
 
 @pytest.mark.fast
 def test_states_paths_and_tolerance():
-    state = {"models": [{"name": "m", "chains": [{"id": "A"}]}], "camera": {"view_direction": [0.0, 0.0, -1.0]},
-             "atoms": {"#1/A:1@CA": {"coord": [1.0, 2.0, 3.0]}}}
+    state = {
+        "models": [{"name": "m", "chains": [{"id": "A"}]}],
+        "camera": {"view_direction": [0.0, 0.0, -1.0]},
+        "atoms": {"#1/A:1@CA": {"coord": [1.0, 2.0, 3.0]}},
+    }
     ctx = CheckContext(answer=None, state=state)
     run = lambda c: CHECKS["states"].run(c, ctx)[0]  # noqa: E731
     assert run({"path": "models.0.chains.0.id", "value": "A"})
@@ -183,6 +232,7 @@ def test_structure_summary_and_image_size():
 @pytest.mark.fast
 def test_shipped_structures_are_what_the_generator_writes():
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("make_structures", REPO / "tools" / "chimerax_make_structures.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -241,6 +291,7 @@ def check_runner(name: str):
     """Any registered check type (the core's `answer` as well as this package's)."""
     import coda_env  # noqa: F401
     from coda_env.registry import CHECKS as ALL
+
     return ALL[name].run
 
 
@@ -249,6 +300,7 @@ class Engine:
 
     def __init__(self):
         from coda_env.backends.local import LocalConfig, LocalDesktop
+
         cfg = LocalConfig()
         cfg.accessibility = False
         cfg.window_manager = False
@@ -318,8 +370,13 @@ def test_engine_writes_where_the_refused_spellings_say(engine, tmp_path):
     the home (what the validator refuses, and why), and `info sel` is `info selection`."""
     engine.reset()
     engine.setup({"initialize": [{"func": "chimerax_open", "data": "twohelix.pdb"}]})
-    spellings = {"a": "info models saveF {}", "b": "hbonds /A saveF {}", "c": "hbonds /A save_file {}",
-                 "e": "info chains /A sav {}", "d": "info models #1 Savef {}"}
+    spellings = {
+        "a": "info models saveF {}",
+        "b": "hbonds /A saveF {}",
+        "c": "hbonds /A save_file {}",
+        "e": "info chains /A sav {}",
+        "d": "info models #1 Savef {}",
+    }
     for name, template in spellings.items():
         target = tmp_path / f"{name}.txt"
         command = template.format(target)
@@ -329,7 +386,7 @@ def test_engine_writes_where_the_refused_spellings_say(engine, tmp_path):
             engine.app.command(engine.desktop, command)
         except AppError:
             pass
-        if name != "d":                     # ChimeraX matches a typed word with capitals case-sensitively
+        if name != "d":  # ChimeraX matches a typed word with capitals case-sensitively
             assert target.exists(), f"{command!r} wrote nothing: the premise of the refusal is gone"
     assert engine.app.command(engine.desktop, "info sel")["error"] is None
 
@@ -339,9 +396,14 @@ def test_engine_command_table_is_what_chimerax_registers(tmp_path):
     """commands.json is what tools/chimerax_gen_commands.py writes from the engine now (regenerate it with that
     script when the engine changes)."""
     import subprocess
+
     out = tmp_path / "commands.json"
-    r = subprocess.run([str(ENGINE), "--exit", "--script", f"{REPO / 'tools' / 'chimerax_gen_commands.py'} {out}"],
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [str(ENGINE), "--exit", "--script", f"{REPO / 'tools' / 'chimerax_gen_commands.py'} {out}"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.exists(), r.stdout[-2000:] + r.stderr[-2000:]
     assert json.loads(out.read_text())["commands"] == json.loads((PKG / "commands.json").read_text())["commands"]
 
@@ -349,6 +411,7 @@ def test_engine_command_table_is_what_chimerax_registers(tmp_path):
 @needs_engine
 def test_engine_leaves_no_process_behind():
     from .conftest import live_token_pids, wait_until
+
     e = Engine()
     token = e.desktop.token
     assert e.proc.pid in live_token_pids(token)
@@ -361,9 +424,20 @@ def test_state_fields(engine):
     engine.reset()
     e, d = engine, engine.desktop
     e.setup({"initialize": [{"func": "chimerax_open", "data": "twohelix.pdb"}]})
-    for cmd in ("color /A red", "show /B:3 atoms", "style /B:3 ball", "select /B:2-4", "label /A:1",
-                "distance /A:1@CA /B:1@CA", "set bgColor white", "surface /B", "hbonds", "lighting soft",
-                "graphics silhouettes true", "2dlabels text Hello"):
+    for cmd in (
+        "color /A red",
+        "show /B:3 atoms",
+        "style /B:3 ball",
+        "select /B:2-4",
+        "label /A:1",
+        "distance /A:1@CA /B:1@CA",
+        "set bgColor white",
+        "surface /B",
+        "hbonds",
+        "lighting soft",
+        "graphics silhouettes true",
+        "2dlabels text Hello",
+    ):
         e.app.typed(d, cmd)
     s = e.app.state(d)
     m = s["models"][0]
@@ -394,9 +468,17 @@ def test_state_fields_for_scienceboard_mappings(engine):
     e, d = engine, engine.desktop
     e.setup({"initialize": [{"func": "chimerax_open", "data": "twohelix.pdb"}]})
     before = e.app.state(d)
-    for cmd in ("turn y 30", "define centroid :HOH radius 1", "hbonds color rgb(139,0,0)", "surface /A",
-                "rainbow /A target s", "key red:low blue:high", "key border false ticks true",
-                "scalebar 10 thickness 4", "lighting soft"):
+    for cmd in (
+        "turn y 30",
+        "define centroid :HOH radius 1",
+        "hbonds color rgb(139,0,0)",
+        "surface /A",
+        "rainbow /A target s",
+        "key red:low blue:high",
+        "key border false ticks true",
+        "scalebar 10 thickness 4",
+        "lighting soft",
+    ):
         e.app.typed(d, cmd)
     s = e.app.state(d)
     m1 = s["models_by_id"]["#1"]
@@ -420,13 +502,18 @@ def test_state_fields_for_scienceboard_mappings(engine):
 def test_setup_ops(engine):
     engine.reset()
     e, d = engine, engine.desktop
-    e.setup({"initialize": [
-        {"func": "chimerax_open", "data": "strand.pdb", "as": "in/strand.pdb"},
-        {"func": "chimerax_command", "command": "color /A blue; style stick"},
-        {"func": "chimerax_save", "path": "out/copy.pdb"},
-        {"func": "chimerax_open", "path": "out/copy.pdb"},
-        {"func": "chimerax_turn", "axis": "y", "angle": 90},
-        {"func": "chimerax_clear_log"}]})
+    e.setup(
+        {
+            "initialize": [
+                {"func": "chimerax_open", "data": "strand.pdb", "as": "in/strand.pdb"},
+                {"func": "chimerax_command", "command": "color /A blue; style stick"},
+                {"func": "chimerax_save", "path": "out/copy.pdb"},
+                {"func": "chimerax_open", "path": "out/copy.pdb"},
+                {"func": "chimerax_turn", "axis": "y", "angle": 90},
+                {"func": "chimerax_clear_log"},
+            ]
+        }
+    )
     s = e.app.state(d)
     assert [m["name"] for m in s["models"] if m["type"] == "AtomicStructure"] == ["strand.pdb", "copy.pdb"]
     assert (Path(e.home) / "in/strand.pdb").exists() and (Path(e.home) / "out/copy.pdb").exists()
@@ -443,27 +530,52 @@ def test_check_types(engine):
     engine.reset()
     e, d = engine, engine.desktop
     e.setup({"initialize": [{"func": "chimerax_open", "data": "twohelix.pdb"}]})
-    for cmd in ("color /A orange", "distance /A:1@CA /B:1@CA", "save ~/shot.png width 160 height 120 supersample 1",
-                "save ~/m.pdb", "save ~/m.cif", "color /B green", "save ~/s.cxs"):
+    for cmd in (
+        "color /A orange",
+        "distance /A:1@CA /B:1@CA",
+        "save ~/shot.png width 160 height 120 supersample 1",
+        "save ~/m.pdb",
+        "save ~/m.cif",
+        "color /B green",
+        "save ~/s.cxs",
+    ):
         e.app.typed(d, cmd)
-    good = [{"type": "chimerax_info", "command": "info rescolor /A:1-2", "lines": ["#1/A:1 color #ffa500", "#1/A:2 color #ffa500"]},
-            {"type": "chimerax_info", "command": "info models", "json": "0.value", "value": "twohelix.pdb"},
-            {"type": "chimerax_info", "command": "measure center /B", "pattern": r"Center of mass of \d+ atoms"},
-            {"type": "chimerax_info", "log": True, "pattern": r"10\.000"},
-            {"type": "chimerax_file", "path": "shot.png", "width": 160, "height": 120},
-            {"type": "chimerax_file", "path": "m.pdb", "atoms": 225, "chains": ["A", "B"]},
-            {"type": "chimerax_file", "path": "m.cif", "atoms": 225, "residues": 33},
-            {"type": "states", "path": "residues.#1/A:3.ribbon_color", "value": "#ffa500"},
-            {"type": "chimerax_file", "path": "s.cxs", "state": [{"path": "residues.#1/B:3.ribbon_color", "value": "#008000"},
-                                                                 {"path": "residues.#1/A:3.ribbon_color", "value": "#ffa500"}]}]
+    good = [
+        {
+            "type": "chimerax_info",
+            "command": "info rescolor /A:1-2",
+            "lines": ["#1/A:1 color #ffa500", "#1/A:2 color #ffa500"],
+        },
+        {"type": "chimerax_info", "command": "info models", "json": "0.value", "value": "twohelix.pdb"},
+        {"type": "chimerax_info", "command": "measure center /B", "pattern": r"Center of mass of \d+ atoms"},
+        {"type": "chimerax_info", "log": True, "pattern": r"10\.000"},
+        {"type": "chimerax_file", "path": "shot.png", "width": 160, "height": 120},
+        {"type": "chimerax_file", "path": "m.pdb", "atoms": 225, "chains": ["A", "B"]},
+        {"type": "chimerax_file", "path": "m.cif", "atoms": 225, "residues": 33},
+        {"type": "states", "path": "residues.#1/A:3.ribbon_color", "value": "#ffa500"},
+        {
+            "type": "chimerax_file",
+            "path": "s.cxs",
+            "state": [
+                {"path": "residues.#1/B:3.ribbon_color", "value": "#008000"},
+                {"path": "residues.#1/A:3.ribbon_color", "value": "#ffa500"},
+            ],
+        },
+    ]
     results = e.evaluate({"evaluate": good}, None)
     assert all(ok for ok, _ in results), [d for ok, d in results if not ok]
-    bad = [{"type": "chimerax_info", "command": "info rescolor /A:1", "lines": ["#1/A:1 color #ff0000"]},
-           {"type": "chimerax_info", "log": True, "pattern": "no such text"},
-           {"type": "chimerax_file", "path": "shot.png", "width": 161},
-           {"type": "chimerax_file", "path": "missing.pdb", "atoms": 1},
-           {"type": "states", "path": "residues.#1/A:3.ribbon_color", "value": "#ff0000"},
-           {"type": "chimerax_file", "path": "s.cxs", "state": [{"path": "residues.#1/B:3.ribbon_color", "value": "#ff0000"}]}]
+    bad = [
+        {"type": "chimerax_info", "command": "info rescolor /A:1", "lines": ["#1/A:1 color #ff0000"]},
+        {"type": "chimerax_info", "log": True, "pattern": "no such text"},
+        {"type": "chimerax_file", "path": "shot.png", "width": 161},
+        {"type": "chimerax_file", "path": "missing.pdb", "atoms": 1},
+        {"type": "states", "path": "residues.#1/A:3.ribbon_color", "value": "#ff0000"},
+        {
+            "type": "chimerax_file",
+            "path": "s.cxs",
+            "state": [{"path": "residues.#1/B:3.ribbon_color", "value": "#ff0000"}],
+        },
+    ]
     results = e.evaluate({"evaluate": bad}, None)
     assert not any(ok for ok, _ in results), results
 
@@ -494,6 +606,7 @@ def test_gym_make_without_chimerax_raises_one_clear_error(monkeypatch):
 
     import coda_env  # noqa: F401
     from coda_env.registry import AppError as CoreAppError, get_app_spec
+
     if find_real := ad.find_chimerax():
         pytest.skip(f"a real ChimeraX is installed here ({find_real})")
     monkeypatch.setenv("CODA_CHIMERAX", str(ENGINE.parent / "no-such-chimerax"))
@@ -514,6 +627,7 @@ needs_gui = pytest.mark.skipif(GUI_MISSING is not None, reason=GUI_MISSING or ""
 @pytest.fixture(scope="module")
 def gui_env():
     from coda_env.env import CodaEnv
+
     env = CodaEnv(app="chimerax")
     yield env
     env.close()
@@ -524,6 +638,7 @@ def gui_env():
 @pytest.mark.parametrize("task", TASKS, ids=[t["id"] for t in TASKS])
 def test_gui_oracle_scores_one(gui_env, task):
     from .conftest import run_solution
+
     rewards, term, trunc, info = run_solution(gui_env, task["id"])
     assert term and rewards[-1] == 1.0, (task["id"], info.get("checks"))
 
@@ -543,6 +658,7 @@ def test_gui_check_env():
     from gymnasium.utils.env_checker import check_env
 
     from coda_env.env import CodaEnv
+
     env = CodaEnv(app="chimerax", task="color_chain_a_red")
     try:
         check_env(env, skip_render_check=True)
@@ -556,6 +672,7 @@ def test_gui_killed_app_truncates_and_reset_recovers(gui_env):
     import signal
 
     from .conftest import run_solution
+
     gui_env.reset(options={"task": "color_chain_a_red"})
     proc = gui_env.unwrapped.procs["chimerax"]
     os.killpg(proc.pid, signal.SIGKILL)
@@ -572,14 +689,29 @@ needs_sb = pytest.mark.skipif(not SB_FILES, reason=f"ScienceBoard's task files a
 # The tasks whose checks do not depend on the structure ScienceBoard opens (view, lighting, background,
 # 2D models, answers): their converted checks and oracles run on the engine with a shipped structure in
 # place of the PDB entry.
-DATA_FREE = ("A-06", "A-07", "A-08", "A-09", "B-05", "B-06", "B-08", "C-01", "C-02", "C-03", "C-04", "C-05",
-             "C-06", "C-07")
+DATA_FREE = (
+    "A-06",
+    "A-07",
+    "A-08",
+    "A-09",
+    "B-05",
+    "B-06",
+    "B-08",
+    "C-01",
+    "C-02",
+    "C-03",
+    "C-04",
+    "C-05",
+    "C-06",
+    "C-07",
+)
 
 
 def _converted() -> dict[str, dict]:
     import coda_env  # noqa: F401
     from coda_env.scienceboard import convert_file
     from coda_env.tasks import TaskError
+
     out = {}
     for f in SB_FILES:
         try:
@@ -611,13 +743,27 @@ def test_scienceboard_conversion_counts_and_reasons():
 def test_scienceboard_refuses_what_it_cannot_map():
     from coda_env.apps.chimerax import scienceboard as sbm
     from coda_env.tasks import TaskError
+
     base = {"type": "ChimeraX", "instruction": "x", "steps": 5, "initialize": []}
-    bad = [{"evaluate": [{"type": "states", "key": "_state_containers.x.y", "value": 1}]},
-           {"evaluate": [{"type": "states", "find": "lambda key, value: __import__('os')", "key": "lambda key: key", "pattern": ".+"}]},
-           {"evaluate": [{"type": "file", "key": "/home/user/x.pdb", "value": "ATOM"}]},
-           {"initialize": [{"func": "download", "url": "http://evil/x.cif", "path": "/home/user/x.cif"}],
-            "evaluate": [{"type": "stop", "value": "FAIL"}]},
-           {"initialize": [{"func": "open", "name": "../../etc"}], "evaluate": [{"type": "stop", "value": "FAIL"}]}]
+    bad = [
+        {"evaluate": [{"type": "states", "key": "_state_containers.x.y", "value": 1}]},
+        {
+            "evaluate": [
+                {
+                    "type": "states",
+                    "find": "lambda key, value: __import__('os')",
+                    "key": "lambda key: key",
+                    "pattern": ".+",
+                }
+            ]
+        },
+        {"evaluate": [{"type": "file", "key": "/home/user/x.pdb", "value": "ATOM"}]},
+        {
+            "initialize": [{"func": "download", "url": "http://evil/x.cif", "path": "/home/user/x.cif"}],
+            "evaluate": [{"type": "stop", "value": "FAIL"}],
+        },
+        {"initialize": [{"func": "open", "name": "../../etc"}], "evaluate": [{"type": "stop", "value": "FAIL"}]},
+    ]
     for extra in bad:
         with pytest.raises(TaskError):
             sbm.convert({**base, **extra}, "X-99.json")
@@ -657,8 +803,11 @@ PDB_DIR = os.environ.get("CODA_PDB_DIR")
 
 @needs_engine
 @needs_sb
-@pytest.mark.skipif(not PDB_DIR, reason="set CODA_PDB_DIR to a folder of the PDB/AlphaFold mmCIF files ScienceBoard's "
-                    "ChimeraX tasks open (each converted task's `requires` lists them) to replay their oracles")
+@pytest.mark.skipif(
+    not PDB_DIR,
+    reason="set CODA_PDB_DIR to a folder of the PDB/AlphaFold mmCIF files ScienceBoard's "
+    "ChimeraX tasks open (each converted task's `requires` lists them) to replay their oracles",
+)
 @pytest.mark.parametrize("stem", [f.stem for f in SB_FILES])
 def test_scienceboard_oracles_with_user_structures_on_engine(engine, stem):
     task = _converted()[stem]
@@ -667,6 +816,7 @@ def test_scienceboard_oracles_with_user_structures_on_engine(engine, stem):
     engine.reset()
     ctx = SetupContext(desktop=engine.desktop, app=engine.app, home=engine.home, task=None)
     from coda_env.registry import SETUP_OPS
+
     for op in task["initialize"]:
         SETUP_OPS[op["func"]].run(ctx, op)
     for cmd in typed_commands(task["solution"]):
@@ -686,7 +836,8 @@ def test_a_replaced_inside_py_or_state_file_forges_nothing(engine):
     forged = Path(e.home) / ad.CODA_DIR
     forged.mkdir(exist_ok=True)
     (forged / "inside.py").write_text(
-        "import json, sys\nopen(sys.argv[2], 'w').write(json.dumps({'background': {'color': '#ffffff'}}))\n")
+        "import json, sys\nopen(sys.argv[2], 'w').write(json.dumps({'background': {'color': '#ffffff'}}))\n"
+    )
     (forged / "state.json").write_text(json.dumps({"background": {"color": "#ffffff"}}))
     s = e.app.state(d)
     assert s["background"]["color"] == "#000000", s["background"]

@@ -1,25 +1,35 @@
 """The fast tier: the env loop, registry, checks, task sources, run folders and the `coda` command on the FAKE
 desktop and scripted FAKE app (no X server). Real apps have their own suites (test_env, test_texstudio ...)."""
+
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
 import coda_env
 from coda_env.apps._fake import FakeApp, register_fake
 from coda_env.backends.fake import FakeDesktop
-from coda_env.checks import CheckResult, compile_predicate, run_checks, translate_lambda, validate_check
-from coda_env.registry import (APPS, CHECKS, AppError, AppSpec, CheckContext, CheckError, CheckType, SetupError,
-                               confined, register_app, unregister_app)
+from coda_env.checks import compile_predicate, run_checks, translate_lambda, validate_check
+from coda_env.registry import (
+    APPS,
+    CHECKS,
+    AppError,
+    AppSpec,
+    CheckContext,
+    CheckError,
+    CheckType,
+    SetupError,
+    confined,
+    register_app,
+    unregister_app,
+)
 from coda_env.runs import RunError, check_config, inside
-from coda_env.tasks import TaskError, broken_tasks, load_task_file, load_tasks
+from coda_env.tasks import TaskError, broken_tasks, load_tasks
 
 pytestmark = pytest.mark.fast
 
@@ -55,7 +65,7 @@ def test_fake_env_oracles_done_and_check_env():
             env.reset(options={"task": tid})
             _, r, term, _, info = env.step("DONE")
             assert term and r == 0.0 and info["success"] is False
-        check_env(env.unwrapped)           # the default env passes as made (no timings in info)
+        check_env(env.unwrapped)  # the default env passes as made (no timings in info)
     finally:
         env.close()
 
@@ -81,7 +91,7 @@ def test_app_crash_truncates_with_a_fresh_observation_and_reset_recovers():
     env.unwrapped.desktop.crash_app()
     obs2, r, term, trunc, info = env.step("WAIT")
     assert trunc and not term and r == 0.0 and "fake exited" in info["error"]
-    assert obs2["screenshot"] is not obs["screenshot"]              # never the previous step's object
+    assert obs2["screenshot"] is not obs["screenshot"]  # never the previous step's object
     r, info = play(env, "fake_type_42")
     assert r == 1.0
     env.close()
@@ -104,15 +114,16 @@ def test_held_input_is_released_on_reset_and_episode_end():
 def test_a_statement_the_desktop_refuses_names_itself_and_the_env_stays_usable():
     env = make(backend_options={"refuse_keys": ["f20"]})
     env.reset(options={"task": "fake_type_42"})
-    _, r, term, trunc, info = env.step("pyautogui.keyDown('shift')\npyautogui.write('4')\npyautogui.press('f20')\n"
-                                       "pyautogui.write('2')")
+    _, r, term, trunc, info = env.step(
+        "pyautogui.keyDown('shift')\npyautogui.write('4')\npyautogui.press('f20')\npyautogui.write('2')"
+    )
     err = info["action_error"]
     assert "statement 3 of 4" in err and "press('f20')" in err and "statements 1-2 ran" in err, err
-    assert not env.unwrapped.desktop.pressed                        # the held shift was released
+    assert not env.unwrapped.desktop.pressed  # the held shift was released
     assert not (term or trunc)
     assert env.step("pyautogui.write('2')\npyautogui.press('enter')")[4]["action_error"] is None
     _, r, *_ = env.step("DONE")
-    assert r == 1.0                                                   # '4' then '2': statement 4 never ran
+    assert r == 1.0  # '4' then '2': statement 4 never ran
     env.close()
 
 
@@ -136,13 +147,25 @@ def test_a_throwaway_app_package_runs_through_gym_make(tmp_path):
         calls.append(c)
         return ctx.state["value"] == c["number"], f"value {ctx.state['value']!r}"
 
-    register_app(AppSpec(
-        name="throwaway", env_id="coda/Throwaway-v0", adapter=FakeApp,
-        checks=[CheckType("lucky", lucky, lambda c: None, (frozenset({"number"}), frozenset()))],
-        tasks=[{"id": "t1", "app": "throwaway", "instruction": "Type 7, Enter.", "steps": 3,
-                "evaluate": [{"type": "lucky", "number": "7"}],
-                "solution": ["pyautogui.write('7')", "pyautogui.press('enter')", "DONE"]}],
-        env_kwargs={"backend": "fake"}))
+    register_app(
+        AppSpec(
+            name="throwaway",
+            env_id="coda/Throwaway-v0",
+            adapter=FakeApp,
+            checks=[CheckType("lucky", lucky, lambda c: None, (frozenset({"number"}), frozenset()))],
+            tasks=[
+                {
+                    "id": "t1",
+                    "app": "throwaway",
+                    "instruction": "Type 7, Enter.",
+                    "steps": 3,
+                    "evaluate": [{"type": "lucky", "number": "7"}],
+                    "solution": ["pyautogui.write('7')", "pyautogui.press('enter')", "DONE"],
+                }
+            ],
+            env_kwargs={"backend": "fake"},
+        )
+    )
     try:
         assert "coda/Throwaway-v0" in coda_env.envs()
         env = gym.make("coda/Throwaway-v0")
@@ -156,16 +179,35 @@ def test_a_throwaway_app_package_runs_through_gym_make(tmp_path):
 
 def test_check_type_names_are_one_namespace():
     with pytest.raises(ValueError, match="already registered"):
-        register_app(AppSpec(name="clash", env_id="coda/Clash-v0", adapter=FakeApp,
-                             checks=[CheckType("answer", lambda c, x: (True, ""))]))
+        register_app(
+            AppSpec(
+                name="clash",
+                env_id="coda/Clash-v0",
+                adapter=FakeApp,
+                checks=[CheckType("answer", lambda c, x: (True, ""))],
+            )
+        )
     unregister_app("clash")
 
 
 def test_missing_app_is_one_clear_error():
-    register_app(AppSpec(name="absent", env_id="coda/Absent-v0", adapter=FakeApp,
-                         tasks=[{"id": "a", "app": "absent", "instruction": "x", "steps": 1,
-                                 "evaluate": [{"type": "answer", "value": "x"}]}],
-                         available=lambda: "absent-app is not installed: install it, or use backend='libvirt'"))
+    register_app(
+        AppSpec(
+            name="absent",
+            env_id="coda/Absent-v0",
+            adapter=FakeApp,
+            tasks=[
+                {
+                    "id": "a",
+                    "app": "absent",
+                    "instruction": "x",
+                    "steps": 1,
+                    "evaluate": [{"type": "answer", "value": "x"}],
+                }
+            ],
+            available=lambda: "absent-app is not installed: install it, or use backend='libvirt'",
+        )
+    )
     try:
         with pytest.raises(AppError, match="coda/Absent-v0 cannot run here: absent-app is not installed"):
             gym.make("coda/Absent-v0")
@@ -174,43 +216,52 @@ def test_missing_app_is_one_clear_error():
 
 
 # ------------------------------------------------------------------------------------------ checks
-@pytest.mark.parametrize("expr,state,want", [
-    ("state['a']['b'] == 3", {"a": {"b": 3}}, True),
-    ("len(state['xs']) >= 2 and 'q' in state['xs']", {"xs": ["p", "q"]}, True),
-    ("abs(state['v'] - 2.5) < 0.1", {"v": 2.45}, True),
-    ("lower(state['m']) == 'pan'", {"m": "PAN"}, True),
-    ("max(state['xs'][1:]) if state['xs'] else 0", {"xs": [1, 5, 3]}, 5),
-    ("answer == '4'", {}, False),
-])
+@pytest.mark.parametrize(
+    "expr,state,want",
+    [
+        ("state['a']['b'] == 3", {"a": {"b": 3}}, True),
+        ("len(state['xs']) >= 2 and 'q' in state['xs']", {"xs": ["p", "q"]}, True),
+        ("abs(state['v'] - 2.5) < 0.1", {"v": 2.45}, True),
+        ("lower(state['m']) == 'pan'", {"m": "PAN"}, True),
+        ("max(state['xs'][1:]) if state['xs'] else 0", {"xs": [1, 5, 3]}, 5),
+        ("answer == '4'", {}, False),
+    ],
+)
 def test_predicates(expr, state, want):
     assert compile_predicate(expr)(state, None) == want
 
 
-@pytest.mark.parametrize("expr,why", [
-    ("__import__('os').system('touch /tmp/x')", "only calls of"),
-    ("state.__class__", "attribute access"),
-    ("open('/etc/passwd')", "only calls of"),
-    ("[x for x in state]", "ListComp"),
-    ("lambda: 1", "Lambda"),
-    ("os", "unknown name"),
-    ("state['a'] ** 99999", "operator Pow"),
-    ("(yield 1)", "Yield"),
-    ("f'{state}'", "JoinedStr"),
-    ("1 +", "not an expression"),
-])
+@pytest.mark.parametrize(
+    "expr,why",
+    [
+        ("__import__('os').system('touch /tmp/x')", "only calls of"),
+        ("state.__class__", "attribute access"),
+        ("open('/etc/passwd')", "only calls of"),
+        ("[x for x in state]", "ListComp"),
+        ("lambda: 1", "Lambda"),
+        ("os", "unknown name"),
+        ("state['a'] ** 99999", "operator Pow"),
+        ("(yield 1)", "Yield"),
+        ("f'{state}'", "JoinedStr"),
+        ("1 +", "not an expression"),
+    ],
+)
 def test_predicates_outside_the_whitelist_are_refused(expr, why):
     with pytest.raises(CheckError, match=why):
         compile_predicate(expr)
 
 
 def test_translate_lambda_and_hostile_lambdas_never_run(tmp_path):
-    assert translate_lambda("lambda dump: dump['statusbar']['mode'] == 'Pan'") == \
-        "state['statusbar']['mode'] == 'Pan'"
+    assert translate_lambda("lambda dump: dump['statusbar']['mode'] == 'Pan'") == "state['statusbar']['mode'] == 'Pan'"
     assert translate_lambda("lambda d: d['x'].lower() == 'a'") == "lower(state['x']) == 'a'"
     sentinel = tmp_path / "ran"
-    for src in [f"lambda d: __import__('os').system('touch {sentinel}')",
-                f"lambda d: open('{sentinel}', 'w')", "lambda d: d.__class__.__bases__",
-                "lambda d, e=print: e(d)", f"(lambda: __import__('os').system('touch {sentinel}'))()"]:
+    for src in [
+        f"lambda d: __import__('os').system('touch {sentinel}')",
+        f"lambda d: open('{sentinel}', 'w')",
+        "lambda d: d.__class__.__bases__",
+        "lambda d, e=print: e(d)",
+        f"(lambda: __import__('os').system('touch {sentinel}'))()",
+    ]:
         with pytest.raises(CheckError):
             translate_lambda(src)
     assert not sentinel.exists()
@@ -235,9 +286,19 @@ def test_any_exception_in_a_check_fails_it_with_a_detail():
     def boom(exc):
         def run(c, ctx):
             raise exc
+
         return run
-    for i, exc in enumerate([OverflowError("big"), RecursionError("deep"), ZeroDivisionError("z"), KeyError("k"),
-                             AttributeError("a"), MemoryError()]):
+
+    for i, exc in enumerate(
+        [
+            OverflowError("big"),
+            RecursionError("deep"),
+            ZeroDivisionError("z"),
+            KeyError("k"),
+            AttributeError("a"),
+            MemoryError(),
+        ]
+    ):
         CHECKS[f"boom{i}"] = CheckType(f"boom{i}", boom(exc))
         try:
             ok, results = run_checks([{"type": f"boom{i}"}], {})
@@ -246,61 +307,73 @@ def test_any_exception_in_a_check_fails_it_with_a_detail():
             del CHECKS[f"boom{i}"]
 
 
-@pytest.mark.parametrize("check,state,answer,ok", [
-    ({"type": "state", "path": "flag", "value": 1}, {"flag": True}, None, False),       # True is not 1
-    ({"type": "state", "path": "n", "value": "1"}, {"n": 1}, None, False),              # "1" is not 1
-    ({"type": "state", "path": "n", "value": 1.5}, {"n": float("nan")}, None, False),
-    ({"type": "state", "path": "a.0.b", "value": 2}, {"a": [{"b": 2}]}, None, True),
-    ({"type": "state", "path": "a.9", "value": 2}, {"a": [1]}, None, False),
-    ({"type": "answer", "number": 7}, {}, "nan", False),
-    ({"type": "answer", "number": 7}, {}, "inf", False),
-    ({"type": "answer", "number": 7}, {}, "7_0", False),
-    ({"type": "answer", "number": 7}, {}, " 7.0 ", True),
-    ({"type": "answer", "value": "FAIL"}, {}, None, False),
-    ({"type": "predicate", "expr": "state['a']"}, {"a": "yes"}, None, False),          # truthy is not True
-    ({"type": "predicate", "expr": "state['a'] > 1"}, {}, None, False),                 # empty state
-    ({"type": "val", "name": "a", "value": 81}, {"variables": {"a": "x->81"}}, None, False),   # a function
-    ({"type": "val", "name": "a", "value": 81}, {"variables": {"a": "81"}}, None, True),
-    ({"type": "val", "name": "a", "value": 2}, {"variables": {"a": "x=2"}}, None, False),      # an equation
-    ({"type": "val", "name": "a", "value": 2}, {"variables": {"a": "y*2"}}, None, False),      # unbound name
-    ({"type": "val", "name": "a", "value": 1}, {"variables": {"a": "list{1}"}}, None, False),
-    ({"type": "val", "name": "a", "value": 1}, {"variables": "oops"}, None, False),
-    ({"type": "var", "name": "a", "value": "1"}, {"variables": {"a": 1}}, None, False),
-])
+@pytest.mark.parametrize(
+    "check,state,answer,ok",
+    [
+        ({"type": "state", "path": "flag", "value": 1}, {"flag": True}, None, False),  # True is not 1
+        ({"type": "state", "path": "n", "value": "1"}, {"n": 1}, None, False),  # "1" is not 1
+        ({"type": "state", "path": "n", "value": 1.5}, {"n": float("nan")}, None, False),
+        ({"type": "state", "path": "a.0.b", "value": 2}, {"a": [{"b": 2}]}, None, True),
+        ({"type": "state", "path": "a.9", "value": 2}, {"a": [1]}, None, False),
+        ({"type": "answer", "number": 7}, {}, "nan", False),
+        ({"type": "answer", "number": 7}, {}, "inf", False),
+        ({"type": "answer", "number": 7}, {}, "7_0", False),
+        ({"type": "answer", "number": 7}, {}, " 7.0 ", True),
+        ({"type": "answer", "value": "FAIL"}, {}, None, False),
+        ({"type": "predicate", "expr": "state['a']"}, {"a": "yes"}, None, False),  # truthy is not True
+        ({"type": "predicate", "expr": "state['a'] > 1"}, {}, None, False),  # empty state
+        ({"type": "val", "name": "a", "value": 81}, {"variables": {"a": "x->81"}}, None, False),  # a function
+        ({"type": "val", "name": "a", "value": 81}, {"variables": {"a": "81"}}, None, True),
+        ({"type": "val", "name": "a", "value": 2}, {"variables": {"a": "x=2"}}, None, False),  # an equation
+        ({"type": "val", "name": "a", "value": 2}, {"variables": {"a": "y*2"}}, None, False),  # unbound name
+        ({"type": "val", "name": "a", "value": 1}, {"variables": {"a": "list{1}"}}, None, False),
+        ({"type": "val", "name": "a", "value": 1}, {"variables": "oops"}, None, False),
+        ({"type": "var", "name": "a", "value": "1"}, {"variables": {"a": 1}}, None, False),
+    ],
+)
 def test_no_type_confusion(check, state, answer, ok):
     validate_check(check)
     assert run_checks([check], state, answer)[0] is ok
 
 
-@pytest.mark.parametrize("check,msg", [
-    ({"type": "answer", "number": float("nan")}, "finite"),
-    ({"type": "answer", "number": 1, "tol": float("inf")}, "tol"),
-    ({"type": "answer", "number": 1, "tol": -1}, "tol"),
-    ({"type": "answer", "number": True}, "finite"),
-    ({"type": "val", "name": "a", "value": float("inf")}, "finite"),
-    ({"type": "file", "path": "a"}, "exactly one"),
-    ({"type": "file", "path": "a", "sha256": "xyz"}, "hex"),
-    ({"type": "include", "pattern": "a"}, "exactly one of path or state"),
-    ({"type": "include", "path": "a", "pattern": "a", "count": -1}, "count"),
-    ({"type": "state", "path": 3, "value": 1}, "string"),
-])
+@pytest.mark.parametrize(
+    "check,msg",
+    [
+        ({"type": "answer", "number": float("nan")}, "finite"),
+        ({"type": "answer", "number": 1, "tol": float("inf")}, "tol"),
+        ({"type": "answer", "number": 1, "tol": -1}, "tol"),
+        ({"type": "answer", "number": True}, "finite"),
+        ({"type": "val", "name": "a", "value": float("inf")}, "finite"),
+        ({"type": "file", "path": "a"}, "exactly one"),
+        ({"type": "file", "path": "a", "sha256": "xyz"}, "hex"),
+        ({"type": "include", "pattern": "a"}, "exactly one of path or state"),
+        ({"type": "include", "path": "a", "pattern": "a", "count": -1}, "count"),
+        ({"type": "state", "path": 3, "value": 1}, "string"),
+    ],
+)
 def test_check_fields_are_validated_on_load(check, msg):
     with pytest.raises(CheckError, match=msg):
         validate_check(check)
 
 
 # ------------------------------------------------------------------------------------------ task files
-GOOD = {"id": "mine", "app": "fake", "instruction": "Type 5, Enter.", "steps": 3,
-        "evaluate": [{"type": "state", "path": "value", "value": "5"}],
-        "solution": ["pyautogui.write('5')", "pyautogui.press('enter')", "DONE"]}
+GOOD = {
+    "id": "mine",
+    "app": "fake",
+    "instruction": "Type 5, Enter.",
+    "steps": 3,
+    "evaluate": [{"type": "state", "path": "value", "value": "5"}],
+    "solution": ["pyautogui.write('5')", "pyautogui.press('enter')", "DONE"],
+}
 
 
 def test_user_task_folders(tmp_path, monkeypatch):
     d = tmp_path / "mine"
     (d / "fake").mkdir(parents=True)
     (d / "fake" / "mine.json").write_text(json.dumps(GOOD))
-    (d / "other.json").write_text(json.dumps({**GOOD, "id": "k1", "app": "kalgebra",
-                                              "evaluate": [{"type": "var", "name": "a", "value": "1"}]}))
+    (d / "other.json").write_text(
+        json.dumps({**GOOD, "id": "k1", "app": "kalgebra", "evaluate": [{"type": "var", "name": "a", "value": "1"}]})
+    )
     assert "mine" in load_tasks("fake", [d]) and "k1" not in load_tasks("fake", [d])
     monkeypatch.setenv("CODA_TASKS_PATH", str(d))
     assert "mine" in load_tasks("fake")
@@ -332,7 +405,7 @@ def test_a_broken_file_is_reported_and_the_rest_load(tmp_path):
     assert "not UTF-8" in reasons["latin1.json"]
     assert "nested too deeply" in reasons["deep.json"] or "JSON object" in reasons["deep.json"]
     assert "NaN is not a number JSON allows" in reasons["nan.json"]
-    env = make(task_dirs=[str(tmp_path)])                               # gym.make still works
+    env = make(task_dirs=[str(tmp_path)])  # gym.make still works
     env.close()
 
 
@@ -365,6 +438,7 @@ def test_a_run_folder_resumes_only_its_own_configuration(tmp_path):
 # ------------------------------------------------------------------------------------------ coda eval on the fake
 def test_coda_eval_report_and_refusals(tmp_path, capsys):
     from coda_agent.cli import main
+
     out = tmp_path / "run"
     assert main(["eval", "--env", "coda/Fake-v0", "--agent", "oracle", "--out", str(out), "--quiet"]) == 0
     results = json.loads((out / "results.json").read_text())
@@ -375,8 +449,23 @@ def test_coda_eval_report_and_refusals(tmp_path, capsys):
     # another agent on the same --out: refused, naming what differs
     assert main(["eval", "--env", "coda/Fake-v0", "--agent", "done", "--out", str(out), "--quiet"]) == 2
     assert "agent: 'oracle' -> 'done'" in capsys.readouterr().err
-    assert main(["eval", "--env", "coda/Fake-v0", "--agent", "oracle", "--tasks", "fake_answer", "--out",
-                 str(out), "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--env",
+                "coda/Fake-v0",
+                "--agent",
+                "oracle",
+                "--tasks",
+                "fake_answer",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     # an unknown task: a clean error, and no empty --out left behind
     fresh = tmp_path / "fresh"
     assert main(["eval", "--env", "coda/Fake-v0", "--tasks", "nope", "--out", str(fresh), "--quiet"]) == 2
@@ -388,14 +477,18 @@ def test_coda_eval_report_and_refusals(tmp_path, capsys):
     assert "is an existing file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["tasks", "kalgebr"], "did you mean kalgebra"),
-    (["eval", "--env", "coda/KAlgebr-v0", "--quiet"], "Did you mean: `KAlgebra`"),
-    (["eval", "--agent", "nope"], "invalid choice: 'nope'"),
-    (["eval", "--env", "coda/Nope-v0"], "doesn't exist"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["tasks", "kalgebr"], "did you mean kalgebra"),
+        (["eval", "--env", "coda/KAlgebr-v0", "--quiet"], "Did you mean: `KAlgebra`"),
+        (["eval", "--agent", "nope"], "invalid choice: 'nope'"),
+        (["eval", "--env", "coda/Nope-v0"], "doesn't exist"),
+    ],
+)
 def test_cli_errors_are_one_line(argv, msg, capsys):
     from coda_agent.cli import main
+
     with pytest.raises(SystemExit) if argv[:2] == ["eval", "--agent"] else _nothing():
         rc = main(argv)
         assert rc == 2
@@ -413,6 +506,7 @@ class _nothing:
 
 def test_every_flag_has_help_with_its_default(capsys):
     from coda_agent.cli import main
+
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -423,6 +517,7 @@ def test_every_flag_has_help_with_its_default(capsys):
 
 def test_coda_tasks_lists_broken_files(tmp_path, capsys):
     from coda_agent.cli import main
+
     (tmp_path / "bad.json").write_text(json.dumps({**GOOD, "id": "bad", "steps": 0}))
     assert main(["tasks", "fake", "--tasks-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -435,8 +530,12 @@ def test_every_app_and_backend_conforms_to_its_protocol():
     from coda_env.backends.libvirt import LibvirtDesktop
     from coda_env.backends.local import LocalDesktop
     from coda_env.registry import App
-    app_members = [m for m in App.__protocol_attrs__ if not m.startswith("_")] if hasattr(App, "__protocol_attrs__") \
+
+    app_members = (
+        [m for m in App.__protocol_attrs__ if not m.startswith("_")]
+        if hasattr(App, "__protocol_attrs__")
         else ["name", "launch", "ready", "state", "a11y_text", "close"]
+    )
     for name, spec in APPS.items():
         adapter = spec.adapter()
         missing = [m for m in app_members if not hasattr(adapter, m)]
@@ -460,17 +559,29 @@ def test_a_task_may_need_two_apps_on_one_desktop():
             return {"running": self.proc is not None and self.proc.poll() is None}
 
     register_app(AppSpec(name="second", env_id="coda/Second-v0", adapter=Second, env_kwargs={"backend": "fake"}))
-    register_fake([*__import__("coda_env.apps._fake", fromlist=["FAKE_TASKS"]).FAKE_TASKS,
-                   {"id": "both", "app": "fake", "apps": ["second"], "instruction": "Type 1, Enter.", "steps": 3,
-                    "evaluate": [{"type": "state", "path": "value", "value": "1"},
-                                 {"type": "state", "app": "second", "path": "running", "value": True}],
-                    "solution": ["pyautogui.write('1')", "pyautogui.press('enter')", "DONE"]}])
+    register_fake(
+        [
+            *__import__("coda_env.apps._fake", fromlist=["FAKE_TASKS"]).FAKE_TASKS,
+            {
+                "id": "both",
+                "app": "fake",
+                "apps": ["second"],
+                "instruction": "Type 1, Enter.",
+                "steps": 3,
+                "evaluate": [
+                    {"type": "state", "path": "value", "value": "1"},
+                    {"type": "state", "app": "second", "path": "running", "value": True},
+                ],
+                "solution": ["pyautogui.write('1')", "pyautogui.press('enter')", "DONE"],
+            },
+        ]
+    )
     try:
         env = make()
         r, info = play(env, "both")
         assert r == 1.0 and len(info["checks"]) == 2, info
         assert set(env.unwrapped.procs) == {"fake", "second"}
-        env.unwrapped.procs["second"].kill()                 # the second app dies: the episode says which
+        env.unwrapped.procs["second"].kill()  # the second app dies: the episode says which
         env.reset(options={"task": "both"})
         env.unwrapped.procs["second"].kill()
         _, _, _, trunc, info = env.step("WAIT")

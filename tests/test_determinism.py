@@ -1,6 +1,7 @@
 """Resets are deterministic under load (issue 23, item 5): with another env busy on the machine (a second
 process stepping a real KAlgebra as fast as it can), gymnasium's check_env passes on every app that runs
 here: the same seed gives the same first observation, screen included."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,12 +1,12 @@
 """RayVectorEnv on a local Ray instance (2 CPUs, 2 actors), real KAlgebra desktops: an oracle eval through it,
 an actor killed and an actor hung mid-episode (replaced, episode truncated with info["error"], no hang), and
 nothing left behind (actor processes, desktop processes)."""
+
 from __future__ import annotations
 
 import os
 import signal
 
-import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray", reason="pip install -e .[ray]")
@@ -65,7 +65,7 @@ def test_oracle_eval_through_ray_actors(local_ray, tmp_path):
     agent = make_agent("oracle", "kalgebra")
     summary = run_eval(ENV, agent, tmp_path, task_ids=tasks, num_envs=2, make_envs=make_envs, progress=False)
     assert summary["overall"] == {"n": 4, "success": 4, "rate": 1.0}, summary
-    (envs, pids, tokens), = made
+    ((envs, pids, tokens),) = made
     assert envs.closed and len(set(pids)) == 2 and os.getpid() not in pids
     _assert_nothing_left(pids, tokens)
 
@@ -76,13 +76,13 @@ def test_dead_or_hung_actor_is_replaced_and_reported(local_ray):
     try:
         obs, infos = envs.reset(seed=0)
         assert obs["screenshot"].shape == (2, 800, 1280, 3)
-        assert all(live_token_pids(t) for t in old_tokens)    # each actor's desktop is up
+        assert all(live_token_pids(t) for t in old_tokens)  # each actor's desktop is up
         # 1. env 0's actor process dies mid-episode
         os.kill(old_pids[0], signal.SIGKILL)
         obs, r, term, trunc, infos = envs.step(("pyautogui.click(207, 53)", "pyautogui.click(207, 53)"))
         assert trunc[0] and not term[0] and r[0] == 0.0 and "EnvActorDied" in infos["error"][0]
         assert infos["_error"].tolist() == [True, False] and not trunc[1]
-        obs, r, term, trunc, infos = envs.step(("WAIT", "DONE"))   # env 0 resets on a fresh actor
+        obs, r, term, trunc, infos = envs.step(("WAIT", "DONE"))  # env 0 resets on a fresh actor
         assert not trunc[0] and infos["task"][0] == "tab_3d_graph" and obs["screenshot"][0].std() > 0, infos
         # env 1 went on undisturbed: its DONE ends its episode (on a machine loaded past its limits the env's
         # own state read can time out, which CodaEnv reports as a truncation with its error: not the actor's)
@@ -115,8 +115,10 @@ def test_dead_or_hung_actor_is_replaced_and_reported(local_ray):
 def test_libvirt_uris_and_placement_options():
     """How actors are configured (no actor started): URIs round-robin, resources and node placement declared."""
     uris = ["qemu+ssh://a/system", "qemu+ssh://b/system"]
-    kws = [RayVectorEnv._kwargs_for(i, {"task": "calc_power", "backend_options": {"base_image": "/img.qcow2"}}, uris)
-           for i in range(3)]
+    kws = [
+        RayVectorEnv._kwargs_for(i, {"task": "calc_power", "backend_options": {"base_image": "/img.qcow2"}}, uris)
+        for i in range(3)
+    ]
     assert [k["backend_options"]["uri"] for k in kws] == [uris[0], uris[1], uris[0]]
     assert all(k["backend"] == "libvirt" and k["backend_options"]["base_image"] == "/img.qcow2" for k in kws)
     with pytest.raises(ValueError, match="backend='libvirt'"):

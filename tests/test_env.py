@@ -1,4 +1,5 @@
 """CodaEnv end to end on real KAlgebra under real Xvfb: oracles, DONE, check_env, crashes, orphans, isolation."""
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ def test_observation_and_info(kalgebra_env):
     shot = obs["screenshot"]
     assert shot.shape == (800, 1280, 3) and shot.dtype == np.uint8 and shot.std() > 0
     assert set(kalgebra_env.timings) >= {"desktop", "launch", "setup", "settle", "reset"}
-    assert "timings" not in info      # opt-in (info_timings=True): check_env wants identical infos
+    assert "timings" not in info  # opt-in (info_timings=True): check_env wants identical infos
     obs, r, term, trunc, info = kalgebra_env.step("pyautogui.click(500, 751)")
     assert set(kalgebra_env.timings) >= {"action", "settle", "screenshot"}
     assert (r, term, trunc) == (0.0, False, False)
@@ -85,6 +86,7 @@ def test_a11y_tree_observation():
 
 def test_check_env_passes():
     from gymnasium.utils.env_checker import check_env
+
     env = CodaEnv("kalgebra", task="calc_power", info_timings=False)
     try:
         check_env(env, skip_render_check=True)
@@ -103,8 +105,15 @@ def test_gym_make_by_id():
 
 def test_bad_actions_keep_env_usable(kalgebra_env):
     kalgebra_env.reset(options={"task": "calc_power"})
-    bad = ["import os; os.system('touch /tmp/x')", "pyautogui.click(99999, 5)", "pyautogui.press('nokey')",
-           "__import__('os')", "open('/etc/passwd')", "x" * 20000, "pyautogui.write('\u00e9t\u00e9')"]
+    bad = [
+        "import os; os.system('touch /tmp/x')",
+        "pyautogui.click(99999, 5)",
+        "pyautogui.press('nokey')",
+        "__import__('os')",
+        "open('/etc/passwd')",
+        "x" * 20000,
+        "pyautogui.write('\u00e9t\u00e9')",
+    ]
     for i, action in enumerate(bad[:5]):  # the budget is 5 steps; the rest is covered by test_actions.py
         obs, r, term, trunc, info = kalgebra_env.step(action)
         assert info["action_error"], action
@@ -117,6 +126,7 @@ def test_bad_actions_keep_env_usable(kalgebra_env):
 
 def test_unknown_task_is_a_clear_error(kalgebra_env):
     from coda_env.tasks import TaskError
+
     with pytest.raises(TaskError, match="no_such_task"):
         kalgebra_env.reset(options={"task": "no_such_task"})
     rewards, *_ = run_solution(kalgebra_env, "calc_power")
@@ -163,6 +173,7 @@ def test_no_orphans_after_close():
 
 def test_no_orphans_after_gc():
     import gc
+
     env = CodaEnv("kalgebra", task="calc_power")
     env.reset(seed=0)
     token = env.desktop.token
@@ -184,8 +195,7 @@ time.sleep(600)
 
 
 def test_no_orphans_after_parent_sigkill():
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         tokens = json.loads(holder.stdout.readline())
         for t in tokens:
@@ -242,6 +252,7 @@ class _HostAgent:
 
     def run(self, argv, timeout=30.0):
         from coda_env.backends.libvirt import GUEST_PYTHON
+
         argv = [sys.executable if i == 0 and a == GUEST_PYTHON else a for i, a in enumerate(argv)]
         return subprocess.run(argv, env=self.desktop.env, capture_output=True, timeout=timeout)
 
@@ -257,6 +268,7 @@ class _GuestView:
 
     def a11y(self):
         from coda_env.backends.libvirt import GuestA11y
+
         return GuestA11y(_HostAgent(self._desktop), self._address)
 
 
@@ -270,6 +282,7 @@ def test_guest_a11y_reader_reads_what_the_client_reads(kalgebra_env):
     this desktop's bus gives KAlgebra's adapter the same state, tab and widget positions as the live client."""
     from coda_env.a11y import A11yError
     from coda_env.apps.kalgebra.adapter import _DETAILS, _STATE_SKIP, KAlgebra
+
     rewards, *_ = run_solution(kalgebra_env, "calc_power")
     assert rewards[-1] == 1.0
     desktop = kalgebra_env.unwrapped.desktop
@@ -280,13 +293,18 @@ def test_guest_a11y_reader_reads_what_the_client_reads(kalgebra_env):
         assert guest.state(_GuestView(desktop)) == want
         live, reader = desktop.a11y(), guest._client(_GuestView(desktop))
         try:
+
             def same_tree():  # KAlgebra settles for a moment after a calculation (a status label comes and goes)
                 a = live.app_tree("kalgebra", skip_roles=_STATE_SKIP, texts=True, details_roles=_DETAILS)
                 b = reader.app_tree("kalgebra", skip_roles=_STATE_SKIP, texts=True, details_roles=_DETAILS)
                 c = live.app_tree("kalgebra", skip_roles=_STATE_SKIP, texts=True, details_roles=_DETAILS)
                 return _content(a) == _content(b) == _content(c) and (a, b)
+
             tree, read = wait_until(same_tree, timeout=20)
-            assert read.first("page tab", "Calculator").states & {"selected", "focused"}  # how the adapter tells the tab
+            assert read.first("page tab", "Calculator").states & {
+                "selected",
+                "focused",
+            }  # how the adapter tells the tab
             tab = tree.first("page tab", "Calculator")
             assert read.first("page tab", "Calculator").extents == live.extents(tab)
             assert read.first("frame", "Variables") is not None and read.first("list").children == []  # skipped
@@ -304,36 +322,46 @@ def test_guest_a11y_reader_errors_are_clear(kalgebra_env):
     from coda_env.a11y import A11yError
     from coda_env.registry import AppError
     from coda_env.apps.kalgebra.adapter import KAlgebra
+
     kalgebra_env.reset(options={"task": "calc_power"})
     desktop = kalgebra_env.unwrapped.desktop
     broken = _GuestView(desktop, address="unix:path=/nonexistent/bus")
-    with pytest.raises(A11yError, match=r"the guest's a11y reader failed \(exit 1\): a11y: cannot reach the "
-                                        r"accessibility bus"):
+    with pytest.raises(
+        A11yError,
+        match=r"the guest's a11y reader failed \(exit 1\): a11y: cannot reach the "
+        r"accessibility bus",
+    ):
         broken.a11y().app_tree("kalgebra")
     app = KAlgebra()
     with pytest.raises(AppError, match="cannot read KAlgebra's state: the guest's a11y reader failed"):
         app.state(broken)
     assert app.ready(broken) is False  # polled while an app starts: not ready yet, not an error
     from coda_env.a11y import main
+
     assert main(["tree"]) == 2  # usage
 
 
 def test_a11y_script_takes_the_bus_from_its_environment(kalgebra_env):
     """`a11y.py apps -`: the bus of the caller's session (how it runs under an OSWorld-style guest server)."""
     from coda_env import a11y
+
     kalgebra_env.reset(options={"task": "calc_power"})
     desktop = kalgebra_env.unwrapped.desktop
-    p = subprocess.run([sys.executable, a11y.__file__, "apps", "-"], env=desktop.env, capture_output=True,
-                       timeout=60)
+    p = subprocess.run([sys.executable, a11y.__file__, "apps", "-"], env=desktop.env, capture_output=True, timeout=60)
     assert p.returncode == 0 and "kalgebra" in p.stdout.decode().split("\n"), p.stderr
 
 
 def test_a_users_task_folder_runs_like_a_shipped_task(tmp_path, monkeypatch, capsys):
     """A task of the user's own, in CODA_TASKS_PATH or --tasks-dir: listed, and its oracle scores 1.0."""
     from coda_agent.cli import main
-    mine = {**json.loads(Path(load_tasks("kalgebra")["calc_power"].path).read_text()), "id": "my_power_of_two",
-            "instruction": "Store 2^10 in a variable named b.", "evaluate": [{"type": "val", "name": "b", "value": 1024}],
-            "solution": ["pyautogui.click(500, 751)", "pyautogui.write('b:=2^10')", "pyautogui.press('enter')", "DONE"]}
+
+    mine = {
+        **json.loads(Path(load_tasks("kalgebra")["calc_power"].path).read_text()),
+        "id": "my_power_of_two",
+        "instruction": "Store 2^10 in a variable named b.",
+        "evaluate": [{"type": "val", "name": "b", "value": 1024}],
+        "solution": ["pyautogui.click(500, 751)", "pyautogui.write('b:=2^10')", "pyautogui.press('enter')", "DONE"],
+    }
     (tmp_path / "kalgebra").mkdir()
     (tmp_path / "kalgebra" / "my_power_of_two.json").write_text(json.dumps(mine))
     monkeypatch.setenv("CODA_TASKS_PATH", str(tmp_path))
@@ -347,6 +375,21 @@ def test_a_users_task_folder_runs_like_a_shipped_task(tmp_path, monkeypatch, cap
         env.close()
     monkeypatch.delenv("CODA_TASKS_PATH")
     out = tmp_path / "run"
-    assert main(["eval", "--agent", "oracle", "--tasks-dir", str(tmp_path), "--tasks", "my_power_of_two",
-                 "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--agent",
+                "oracle",
+                "--tasks-dir",
+                str(tmp_path),
+                "--tasks",
+                "my_power_of_two",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "results.json").read_text())["summary"]["overall"]["rate"] == 1.0

@@ -1,4 +1,5 @@
 """`coda eval`: the vector-env runner, its files, scores, resume, report and compare."""
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def test_oracle_solves_the_whole_suite_on_two_envs(tmp_path, capsys):
         steps = _lines(ep / "steps.jsonl")
         assert len(steps) == rec["steps"] and steps[-1]["reward"] == 1.0
         assert steps[-1]["action"].split()[0] in ("DONE", "FAIL", "ANS")
-        assert all(s["task"] == rec["task"] for s in steps)        # no slot mixed up another's steps
+        assert all(s["task"] == rec["task"] for s in steps)  # no slot mixed up another's steps
         assert sorted(p.name for p in ep.glob("step_*.png")) == [f"step_{i:03d}.png" for i in range(len(steps) + 1)]
     index = (out / "report" / "index.html").read_text()
     assert f"{n}/{n}" in index
@@ -50,8 +51,9 @@ def test_oracle_solves_the_whole_suite_on_two_envs(tmp_path, capsys):
 
 def test_random_scores_near_zero(tmp_path):
     tasks = list(load_tasks("kalgebra"))[:8]
-    summary = run_eval("coda/KAlgebra-v0", RandomAgent(seed=1), tmp_path / "random", tasks,
-                       env_kwargs={"max_steps": 6}, progress=False)
+    summary = run_eval(
+        "coda/KAlgebra-v0", RandomAgent(seed=1), tmp_path / "random", tasks, env_kwargs={"max_steps": 6}, progress=False
+    )
     assert summary["overall"]["n"] == 8 and summary["overall"]["rate"] <= 0.125
     assert 1 <= summary["mean_steps"] <= 6
 
@@ -68,10 +70,20 @@ def test_episodes_pass_at_k_and_compare(tmp_path):
 def test_killed_run_resumes_without_redoing_finished_episodes(tmp_path):
     out = tmp_path / "run"
     tasks = ["calc_power", "calc_log2_3", "calc_hypotenuse", "calc_gcd_lcm"]
-    cmd = [sys.executable, "-m", "coda_agent.cli", "eval", "--agent", "oracle", "--tasks", *tasks,
-           "--out", str(out), "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "coda_agent.cli",
+        "eval",
+        "--agent",
+        "oracle",
+        "--tasks",
+        *tasks,
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     done = out / "episodes.jsonl"
     try:
         assert wait_until(lambda: done.exists() and len(done.read_text().splitlines()) >= 2, timeout=120)
@@ -83,40 +95,68 @@ def test_killed_run_resumes_without_redoing_finished_episodes(tmp_path):
     before = {r["task"]: r["seconds"] for r in first}
     summary = run_eval("coda/KAlgebra-v0", OracleAgent(), out, tasks, progress=False)
     records = _lines(done)
-    assert sorted(r["task"] for r in records) == sorted(tasks)               # each exactly once
-    assert {r["task"]: r["seconds"] for r in records if r["task"] in before} == before   # not redone
+    assert sorted(r["task"] for r in records) == sorted(tasks)  # each exactly once
+    assert {r["task"]: r["seconds"] for r in records if r["task"] in before} == before  # not redone
     assert summary["overall"]["rate"] == 1.0
 
 
 def test_summary_and_unbatch():
     assert pass_at_k(5, 0, 1) == 0.0 and pass_at_k(5, 5, 3) == 1.0
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 2) == pytest.approx(0.5)
-    recs = [{"task": "t", "app": "a", "difficulty": "easy", "category": "c", "success": s, "steps": 3}
-            for s in (True, False)]
+    recs = [
+        {"task": "t", "app": "a", "difficulty": "easy", "category": "c", "success": s, "steps": 3}
+        for s in (True, False)
+    ]
     s = summarize(recs, episodes=2)
     assert s["overall"]["rate"] == 0.5 and s["pass_at_k"] == {"1": 0.5, "2": 1.0}
-    infos = {"task": np.array(["a", "b"], dtype=object), "_task": np.array([True, True]),
-             "error": np.array([None, "boom"], dtype=object), "_error": np.array([False, True]),
-             "timings": {"step": np.array([0.1, 0.2]), "_step": np.array([True, True])},
-             "_timings": np.array([True, True])}
+    infos = {
+        "task": np.array(["a", "b"], dtype=object),
+        "_task": np.array([True, True]),
+        "error": np.array([None, "boom"], dtype=object),
+        "_error": np.array([False, True]),
+        "timings": {"step": np.array([0.1, 0.2]), "_step": np.array([True, True])},
+        "_timings": np.array([True, True]),
+    }
     assert unbatch_info(infos, 0) == {"task": "a", "timings": {"step": 0.1}}
     assert unbatch_info(infos, 1) == {"task": "b", "error": "boom", "timings": {"step": 0.2}}
 
 
 def test_summary_groups_by_origin():
-    recs = [{"task": t, "app": "kalgebra", "difficulty": "easy", "category": "c", "success": ok, "steps": 2,
-             "origin": o} for t, ok, o in (("a", True, "coda"), ("sb_A-02", True, "scienceboard:KAlgebra/A-02"),
-                                           ("sb_C-01", False, "scienceboard:KAlgebra/C-01"), ("old", True, None))]
+    recs = [
+        {"task": t, "app": "kalgebra", "difficulty": "easy", "category": "c", "success": ok, "steps": 2, "origin": o}
+        for t, ok, o in (
+            ("a", True, "coda"),
+            ("sb_A-02", True, "scienceboard:KAlgebra/A-02"),
+            ("sb_C-01", False, "scienceboard:KAlgebra/C-01"),
+            ("old", True, None),
+        )
+    ]
     s = summarize(recs)
-    assert s["by_origin"] == {"coda": {"n": 2, "success": 2, "rate": 1.0},
-                              "scienceboard:KAlgebra": {"n": 2, "success": 1, "rate": 0.5}}
+    assert s["by_origin"] == {
+        "coda": {"n": 2, "success": 2, "rate": 1.0},
+        "scienceboard:KAlgebra": {"n": 2, "success": 1, "rate": 0.5},
+    }
 
 
 def test_cli_errors_are_clear(capsys):
     assert main(["eval", "--agent", "coda", "--out", "/tmp/unused-coda-run"]) == 2
     assert "needs --planner" in capsys.readouterr().err
-    assert main(["eval", "--agent", "coda", "--planner", "/nonexistent/ckpt", "--executor", "x",
-                 "--out", "/tmp/unused-coda-run"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--agent",
+                "coda",
+                "--planner",
+                "/nonexistent/ckpt",
+                "--executor",
+                "x",
+                "--out",
+                "/tmp/unused-coda-run",
+            ]
+        )
+        == 2
+    )
     assert "coda never downloads weights" in capsys.readouterr().err
     assert main(["envs"]) == 0 and "coda/KAlgebra-v0" in capsys.readouterr().out
     assert main(["tasks", "kalgebra"]) == 0 and "calc_power" in capsys.readouterr().out
@@ -137,9 +177,15 @@ def test_a_set_up_failure_is_one_failed_episode_and_the_run_goes_on_fake(tmp_pat
     def boom(ctx, op):
         raise AppError("the fake location is not in /")
 
-    broken = {"id": "fake_broken_setup", "app": "fake", "instruction": "Never starts.", "steps": 3,
-              "initialize": [{"func": "fake_fail_setup"}], "evaluate": [{"type": "answer", "value": "x"}],
-              "solution": ["ANS x"]}
+    broken = {
+        "id": "fake_broken_setup",
+        "app": "fake",
+        "instruction": "Never starts.",
+        "steps": 3,
+        "initialize": [{"func": "fake_fail_setup"}],
+        "evaluate": [{"type": "answer", "value": "x"}],
+        "solution": ["ANS x"],
+    }
     register_fake([*FAKE_TASKS, broken])
     register_setup_op(SetupOp("fake_fail_setup", boom, phase="app"), "fake")
     try:
@@ -157,12 +203,16 @@ def test_a_set_up_failure_is_one_failed_episode_and_the_run_goes_on_fake(tmp_pat
         assert "the fake location is not in /" in (out / "report" / "index.html").read_text()
         # two failing episodes in a row, and one at the very end: still one record each, nothing else lost
         out2 = tmp_path / "run2"
-        summary = run_eval("coda/Fake-v0", OracleAgent(), out2, ["fake_broken_setup", "fake_type_42"], episodes=2,
-                           progress=False)
+        summary = run_eval(
+            "coda/Fake-v0", OracleAgent(), out2, ["fake_broken_setup", "fake_type_42"], episodes=2, progress=False
+        )
         recs = _lines(out2 / "episodes.jsonl")
         assert sorted((r["task"], r["episode"], r["success"]) for r in recs) == [
-            ("fake_broken_setup", 0, False), ("fake_broken_setup", 1, False), ("fake_type_42", 0, True),
-            ("fake_type_42", 1, True)]
+            ("fake_broken_setup", 0, False),
+            ("fake_broken_setup", 1, False),
+            ("fake_type_42", 0, True),
+            ("fake_type_42", 1, True),
+        ]
         # on two envs (an AsyncVectorEnv, whose worker an exception would shut down): the same
         out3 = tmp_path / "run3"
         summary = run_eval("coda/Fake-v0", OracleAgent(), out3, ids[:3] + ids[4:], num_envs=2, progress=False)
@@ -177,13 +227,38 @@ def test_a_set_up_failure_is_one_failed_episode_on_real_kalgebra(tmp_path, capsy
     function KAlgebra refuses to plot) is one failed episode with the error; the run goes on and exits 0."""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "bad_plot.json").write_text(json.dumps({
-        "id": "bad_plot", "app": "kalgebra", "instruction": "Plot nothing.", "steps": 3,
-        "initialize": [{"func": "func_2d", "expr": "(((("}], "evaluate": [{"type": "eqn", "count": 1}],
-        "solution": ["DONE"]}))
+    (tasks / "bad_plot.json").write_text(
+        json.dumps(
+            {
+                "id": "bad_plot",
+                "app": "kalgebra",
+                "instruction": "Plot nothing.",
+                "steps": 3,
+                "initialize": [{"func": "func_2d", "expr": "(((("}],
+                "evaluate": [{"type": "eqn", "count": 1}],
+                "solution": ["DONE"],
+            }
+        )
+    )
     out = tmp_path / "run"
-    rc = main(["eval", "--agent", "oracle", "--tasks", "calc_power", "bad_plot", "calc_log2_3", "--num-envs", "2",
-               "--tasks-dir", str(tasks), "--out", str(out), "--quiet"])
+    rc = main(
+        [
+            "eval",
+            "--agent",
+            "oracle",
+            "--tasks",
+            "calc_power",
+            "bad_plot",
+            "calc_log2_3",
+            "--num-envs",
+            "2",
+            "--tasks-dir",
+            str(tasks),
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     recs = _records_by_task(out)
     assert set(recs) == {"calc_power", "bad_plot", "calc_log2_3"}

@@ -1,6 +1,7 @@
 """coda_env's modules import one another without a circle (issue 27): each module's imports, at the top
 and inside functions alike, are read from its source with `ast`, and the graph they make has no cycle. The
 registry, in particular, knows nothing of task loading."""
+
 from __future__ import annotations
 
 import ast
@@ -53,7 +54,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if n not in state:
                 found = visit(n)
                 if found:
@@ -95,14 +96,14 @@ def _code_without_comments(path: Path) -> str:
     """A module's code with its comments and docstrings left out (what the names test reads)."""
     import io
     import tokenize
+
     out, prev = [], tokenize.INDENT
     for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
         if tok.type == tokenize.COMMENT:
             continue
-        if tok.type == tokenize.STRING and prev in (tokenize.INDENT, tokenize.NEWLINE, tokenize.NL,
-                                                    tokenize.DEDENT):
+        if tok.type == tokenize.STRING and prev in (tokenize.INDENT, tokenize.NEWLINE, tokenize.NL, tokenize.DEDENT):
             prev = tok.type
-            continue                                          # a docstring (a string as a statement)
+            continue  # a docstring (a string as a statement)
         if tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
             out.append(tok.string)
         prev = tok.type
@@ -113,6 +114,7 @@ def test_the_core_names_no_app_and_no_backend():
     """No app name and no backend name in coda_env's own modules (coda_env/*.py: comments and docstrings
     aside): adding either is one new room (apps/<app>/, a backends/ module), never an edit of the core."""
     import re
+
     apps = ("kalgebra", "grass", "texstudio", "chimerax", "celestia", "lean")
     backends = ("local", "libvirt", "fake")
     found = []

@@ -2,6 +2,7 @@
 chat-completions server that answers by a fixed rule: a stand-in, real vLLM/SGLang need a GPU and weights),
 multi-resolution input, tiny real Qwen2.5-VL ensembles, reward=Judge(...) on the real KAlgebra env, and
 `coda judge calibrate` over real `coda eval` runs."""
+
 from __future__ import annotations
 
 import base64
@@ -46,6 +47,7 @@ class _StandIn(JSONHandler):
     user's text; 'fullres': YES iff the last image is strictly larger than every earlier one.
     Every request is recorded: model, seed, temperature, user text, and each image's size, top-left pixel
     and md5 of its RGB bytes."""
+
     seen: list[dict] = []
     lock = threading.Lock()
 
@@ -54,6 +56,7 @@ class _StandIn(JSONHandler):
 
     def do_POST(self):
         from PIL import Image
+
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         text, images = [], []
         for m in body["messages"]:
@@ -66,15 +69,24 @@ class _StandIn(JSONHandler):
                     raw = base64.b64decode(p["image_url"]["url"].split(",", 1)[1])
                     with Image.open(io.BytesIO(raw)) as im:
                         rgb = im.convert("RGB")
-                        images.append({"size": im.size, "pixel": rgb.getpixel((0, 0)),
-                                       "md5": hashlib.md5(rgb.tobytes()).hexdigest()})
+                        images.append(
+                            {
+                                "size": im.size,
+                                "pixel": rgb.getpixel((0, 0)),
+                                "md5": hashlib.md5(rgb.tobytes()).hexdigest(),
+                            }
+                        )
         text = "\n".join(text)
         model, seed = body["model"], body.get("seed")
         with _StandIn.lock:
-            _StandIn.seen.append({"model": model, "seed": seed, "temperature": body["temperature"],
-                                  "text": text, "images": images})
-        verdict = {"Y": "The final screen shows it done.\nVERDICT: YES", "N": "Not done.\nVERDICT: NO",
-                   "X": "I cannot tell from these screens."}
+            _StandIn.seen.append(
+                {"model": model, "seed": seed, "temperature": body["temperature"], "text": text, "images": images}
+            )
+        verdict = {
+            "Y": "The final screen shows it done.\nVERDICT: YES",
+            "N": "Not done.\nVERDICT: NO",
+            "X": "I cannot tell from these screens.",
+        }
         if model in ("yes", "no"):
             out = verdict[model[0].upper()]
         elif model == "junk":
@@ -91,9 +103,15 @@ class _StandIn(JSONHandler):
             out = verdict["Y" if area and all(a < area[-1] for a in area[:-1]) else "N"]
         else:
             return self._send(404, {"error": {"message": f"model {model!r} does not exist"}})
-        self._send(200, {"id": "x", "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": out}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10}})
+        self._send(
+            200,
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": out}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10},
+            },
+        )
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +132,7 @@ def seen(stand_in):
 def _dead_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]                    # closed again: nothing listens there
+        port = s.getsockname()[1]  # closed again: nothing listens there
     return f"http://127.0.0.1:{port}"
 
 
@@ -127,13 +145,25 @@ def _judge(url: str, *members: tuple[str, float], **kw) -> Judge:
 
 
 # ------------------------------------------------------------------------------------------ parsing, selection
-@pytest.mark.parametrize("text,want", [
-    ("Looks right.\nVERDICT: YES", True), ("VERDICT: NO", False), ("**Verdict:** no", False),
-    ("verdict - YES.", True), ("VERDICT：YES", True), ("Yes.", True), (" no ", False),
-    ("VERDICT: NO ... on reflection VERDICT: YES", True),       # the last verdict wins
-    ("Reply with VERDICT: YES|NO", None), ("VERDICT: YES / NO", None),   # the echoed template
-    ("yes and no", None), ("", None), ("The verdict is unclear", None), ("VERDICT: YESTERDAY", None),
-])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("Looks right.\nVERDICT: YES", True),
+        ("VERDICT: NO", False),
+        ("**Verdict:** no", False),
+        ("verdict - YES.", True),
+        ("VERDICT：YES", True),
+        ("Yes.", True),
+        (" no ", False),
+        ("VERDICT: NO ... on reflection VERDICT: YES", True),  # the last verdict wins
+        ("Reply with VERDICT: YES|NO", None),
+        ("VERDICT: YES / NO", None),  # the echoed template
+        ("yes and no", None),
+        ("", None),
+        ("The verdict is unclear", None),
+        ("VERDICT: YESTERDAY", None),
+    ],
+)
 def test_parse_verdict(text, want):
     assert parse_verdict(text) is want
 
@@ -144,8 +174,8 @@ def test_history_selection_and_downscale():
     assert pick_history(7, 0) == []
     small = fit_within(_solid(9), (320, 200))
     assert small.shape == (200, 320, 3) and small.dtype == np.uint8 and int(small[0, 0, 0]) == 9
-    assert fit_within(small, (320, 200)) is small                  # idempotent: the env pre-shrinks
-    assert fit_within(_solid(1), (300, 300)).shape == (188, 300, 3)    # aspect kept, never over the box
+    assert fit_within(small, (320, 200)) is small  # idempotent: the env pre-shrinks
+    assert fit_within(_solid(1), (300, 300)).shape == (188, 300, 3)  # aspect kept, never over the box
 
 
 def test_config_validation_is_clear():
@@ -172,7 +202,7 @@ def test_votes_weights_threshold_and_abstentions_by_hand(stand_in, seen):
     frames = [_solid(10), _solid(20), _solid(30)]
     r = _judge(stand_in, *members, samples=3, seed=1, threshold=0.25).score("Plot sin(x).", frames)
     assert r.votes == {"yes": 1.0, "no": 0.0, "cycle:YNX": 0.5, "junk": None}
-    assert r.score == pytest.approx((1 * 1.0 + 3 * 0.0 + 2 * 0.5) / (1 + 3 + 2))     # junk's weight drops out
+    assert r.score == pytest.approx((1 * 1.0 + 3 * 0.0 + 2 * 0.5) / (1 + 3 + 2))  # junk's weight drops out
     assert r.success and not r.abstained
     assert r.parse_failures == 1 + 3
     cyc = next(m for m in r.models if m.name == "cycle:YNX")
@@ -193,7 +223,7 @@ def test_nobody_votes_means_no_success_even_at_threshold_zero(stand_in, seen):
     r = _judge(stand_in, ("junk", 1.0), ("echo", 1.0), samples=2, threshold=0.0).score("t", [_solid(1)])
     assert r.abstained and r.score == 0.0 and not r.success and r.parse_failures == 4
     assert all(len(m.outputs) == 2 for m in r.models)
-    assert all(s["seed"] is None for s in seen) and len(seen) == 4      # no seed: one batched call per model
+    assert all(s["seed"] is None for s in seen) and len(seen) == 4  # no seed: one batched call per model
 
 
 def test_same_served_name_twice_is_told_apart(stand_in, seen):
@@ -228,7 +258,7 @@ def test_dead_endpoint_is_a_judge_error_naming_it():
 
 def test_a_judge_built_from_config_pickles_without_its_models(stand_in, seen):
     judge = _judge(stand_in, ("yes", 1.0), samples=1)
-    assert judge.score("t", [_solid(1)]).success                    # loads the members
+    assert judge.score("t", [_solid(1)]).success  # loads the members
     clone = pickle.loads(pickle.dumps(judge))
     assert clone._members is None and clone.score("t", [_solid(1)]).success
 
@@ -245,6 +275,7 @@ def tiny_pair(tmp_path_factory):
     pytest.importorskip("torch")
     from coda_agent.models import TransformersVLM
     from coda_agent.tiny import build_tiny_qwen2_5_vl
+
     root = tmp_path_factory.mktemp("tiny_judges")
     return [TransformersVLM(build_tiny_qwen2_5_vl(root / f"judge{s}", seed=s), name=f"tiny{s}") for s in (0, 1)]
 
@@ -256,6 +287,7 @@ def _random_screens(n: int) -> list[np.ndarray]:
 
 def test_tiny_ensemble_votes_and_multi_resolution(tiny_pair):
     from coda_agent.models import smart_resize
+
     m0, m1 = tiny_pair
     cfg = JudgeConfig(samples=3, temperature=1.0, max_new_tokens=8, history=2, history_size=(160, 100), seed=0)
     judge = Judge([(m0, 1.0), (m1, 3.0)], cfg)
@@ -286,14 +318,15 @@ def test_tiny_ensemble_votes_and_multi_resolution(tiny_pair):
 
 def test_tiny_majority_batched_and_weights(tiny_pair):
     m0, m1 = tiny_pair
-    judge = Judge([(m0, 0.0), (m1, 1.0)], JudgeConfig(samples=2, temperature=1.0, max_new_tokens=6,
-                                                      vote="majority", history=1))
+    judge = Judge(
+        [(m0, 0.0), (m1, 1.0)], JudgeConfig(samples=2, temperature=1.0, max_new_tokens=6, vote="majority", history=1)
+    )
     results = judge.score_batch([("task a", _random_screens(2), None), ("task b", _random_screens(3), "7")])
     assert len(results) == 2
     for r in results:
-        assert r.images[-1] == (1280, 800) and len(r.images) == 2      # history=1: the start screen
+        assert r.images[-1] == (1280, 800) and len(r.images) == 2  # history=1: the start screen
         assert all(m.vote in (None, 0.0, 1.0) for m in r.models)
-        want = r.models[1].vote if r.models[1].vote is not None else 0.0   # weight 0: tiny0 never counts
+        want = r.models[1].vote if r.models[1].vote is not None else 0.0  # weight 0: tiny0 never counts
         assert r.score == want and 0.0 <= r.score <= 1.0
 
 
@@ -301,16 +334,17 @@ def test_tiny_majority_batched_and_weights(tiny_pair):
 def test_env_reward_argument_errors():
     from coda_env.env import CodaEnv
     from coda_env.scoring import Scorer
+
     with pytest.raises(ValueError, match="reward must be 'check' or a scorer"):
         CodaEnv("kalgebra", reward="vlm")
     with pytest.raises(ValueError, match=r"reward=Judge\("):
         CodaEnv("kalgebra", reward="judge")
-    with pytest.raises(TypeError, match="judge"):   # issue 27: the dead judge= parameter is gone
+    with pytest.raises(TypeError, match="judge"):  # issue 27: the dead judge= parameter is gone
         CodaEnv("kalgebra", judge={"models": ["http://x"]})
     with pytest.raises(TypeError, match="scorer"):
         CodaEnv("kalgebra", reward=object())
     assert CodaEnv("kalgebra").scorer is None
-    assert isinstance(Judge({"models": ["http://x"]}), Scorer)     # the judge follows coda_env's protocol
+    assert isinstance(Judge({"models": ["http://x"]}), Scorer)  # the judge follows coda_env's protocol
 
 
 def _play(env, task_id: str):
@@ -331,14 +365,22 @@ def _md5s(judge: Judge, frames) -> list[str]:
 
 
 def test_judge_reward_on_kalgebra(stand_in, seen):
-    env = gym.make("coda/KAlgebra-v0", reward=Judge({
-        "models": [{"spec": stand_in, "model": "word:power"}], "samples": 2, "history": 3,
-        "history_size": [320, 200]}))
+    env = gym.make(
+        "coda/KAlgebra-v0",
+        reward=Judge(
+            {
+                "models": [{"spec": stand_in, "model": "word:power"}],
+                "samples": 2,
+                "history": 3,
+                "history_size": [320, 200],
+            }
+        ),
+    )
     try:
         base = env.unwrapped
         frames, reward, info = _play(env, "calc_power")
         assert reward == 1.0
-        assert info["success"] is True and info["checks"][0]["passed"]          # the checks still ran
+        assert info["success"] is True and info["checks"][0]["passed"]  # the checks still ran
         j = info["judge"]
         assert j["score"] == 1.0 and j["success"] and j["votes"] == {"word:power": 1.0}
         assert len(seen) == 2 and j["images"][-1] == [1280, 800]
@@ -359,7 +401,7 @@ def test_judge_reward_on_kalgebra(stand_in, seen):
         assert not np.array_equal(obs["screenshot"], last["screenshot"])
         assert [i["md5"] for i in seen[0]["images"]] == _md5s(base.scorer, [obs["screenshot"], last["screenshot"]])
         assert len(seen[0]["images"]) == 2
-        assert base._frames == [] and "judge" in base.timings               # the screens are let go
+        assert base._frames == [] and "judge" in base.timings  # the screens are let go
         # the same judge on another task says NO though the checks pass: the two are reported side by side
         rewards, term, trunc, info = run_solution(env, "calc_log2_3")
         assert rewards[-1] == 0.0 and info["success"] is True and info["judge"]["score"] == 0.0
@@ -378,16 +420,18 @@ def test_judge_reward_on_kalgebra(stand_in, seen):
 
 def test_dead_judge_endpoint_keeps_the_env_usable(stand_in, seen):
     dead = _dead_url()
-    env = gym.make("coda/KAlgebra-v0", reward=Judge(JudgeConfig(
-        models=[JudgeModel(dead, model="m", options={"retries": 0})], samples=1)))
+    env = gym.make(
+        "coda/KAlgebra-v0",
+        reward=Judge(JudgeConfig(models=[JudgeModel(dead, model="m", options={"retries": 0})], samples=1)),
+    )
     try:
         rewards, term, _, info = run_solution(env, "calc_power")
         assert term and rewards[-1] == 0.0
         assert info["error"].startswith("JudgeError") and dead in info["error"] and "judge" not in info
-        assert info["success"] is True                                          # the checks' verdict stays
-        rewards, _, _, info = run_solution(env, "calc_power")                   # reset and play again: fine
+        assert info["success"] is True  # the checks' verdict stays
+        rewards, _, _, info = run_solution(env, "calc_power")  # reset and play again: fine
         assert rewards[-1] == 0.0 and "JudgeError" in info["error"]
-        env.unwrapped.scorer = _judge(stand_in, ("yes", 1.0), samples=1)         # a live judge: scored again
+        env.unwrapped.scorer = _judge(stand_in, ("yes", 1.0), samples=1)  # a live judge: scored again
         rewards, _, _, info = run_solution(env, "calc_power")
         assert rewards[-1] == 1.0 and info.get("error") is None
     finally:
@@ -399,10 +443,12 @@ def test_dead_judge_endpoint_keeps_the_env_usable(stand_in, seen):
 def eval_runs(tmp_path_factory):
     from coda_agent.eval import run_eval
     from coda_agent.policy import OracleAgent, RandomAgent
+
     root = tmp_path_factory.mktemp("runs")
     run_eval("coda/KAlgebra-v0", OracleAgent(), root / "oracle", TASKS, progress=False)
-    run_eval("coda/KAlgebra-v0", RandomAgent(seed=3), root / "random", TASKS, env_kwargs={"max_steps": 3},
-             progress=False)
+    run_eval(
+        "coda/KAlgebra-v0", RandomAgent(seed=3), root / "random", TASKS, env_kwargs={"max_steps": 3}, progress=False
+    )
     return root / "oracle", root / "random"
 
 
@@ -413,7 +459,7 @@ def _records(*runs: Path) -> list[dict]:
 def test_calibrate_against_the_checks(eval_runs, stand_in, seen, tmp_path, capsys):
     oracle, random_run = eval_runs
     recs = _records(oracle, random_run)
-    assert len(recs) == 6 and sum(r["success"] for r in recs) >= 3                   # the oracle's 3
+    assert len(recs) == 6 and sum(r["success"] for r in recs) >= 3  # the oracle's 3
     # the stand-in says YES exactly for the episodes whose instruction has "power" (calc_power)
     pairs = [(r["success"], r["task"] == "calc_power") for r in recs]
     tp = sum(c and j for c, j in pairs)
@@ -421,9 +467,29 @@ def test_calibrate_against_the_checks(eval_runs, stand_in, seen, tmp_path, capsy
     fn = sum(c and not j for c, j in pairs)
     tn = sum(not c and not j for c, j in pairs)
     out = tmp_path / "report.json"
-    assert main(["judge", "calibrate", "--runs", str(oracle), str(random_run), "--judge", stand_in,
-                 "--judge-model", "word:power", "--samples", "2", "--seed", "0", "--out", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "judge",
+                "calibrate",
+                "--runs",
+                str(oracle),
+                str(random_run),
+                "--judge",
+                stand_in,
+                "--judge-model",
+                "word:power",
+                "--samples",
+                "2",
+                "--seed",
+                "0",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     rep = json.loads(out.read_text())
     g = rep["by_app"]["kalgebra"]
@@ -431,19 +497,47 @@ def test_calibrate_against_the_checks(eval_runs, stand_in, seen, tmp_path, capsy
     assert g["precision"] == pytest.approx(tp / (tp + fp)) and g["recall"] == pytest.approx(tp / (tp + fn))
     assert g["agreement"] == pytest.approx((tp + tn) / 6)
     assert rep["overall"] == g and rep["skipped"] == [] and g["abstained"] == 0
-    assert len(seen) == 6 * 2                                                    # 6 episodes x 2 samples
+    assert len(seen) == 6 * 2  # 6 episodes x 2 samples
     row = next(e for e in rep["episodes"] if e["task"] == "calc_power" and e["run"] == str(oracle))
     assert row["check"] is True and row["judge"] is True and row["score"] == 1.0
     assert "app:kalgebra" in printed and "overall" in printed
+
     # the ensemble through the CLI: weights 3 (word:power) and 1 ('no') -> 0.75 on calc_power
     def run(threshold: str) -> dict:
-        assert main(["judge", "calibrate", "--runs", str(oracle), str(random_run), "--judge", stand_in,
-                     "--judge", stand_in, "--judge-model", "word:power", "--judge-model", "no",
-                     "--weights", "3", "1", "--samples", "1", "--threshold", threshold, "--out", str(out),
-                     "--quiet"]) == 0
+        assert (
+            main(
+                [
+                    "judge",
+                    "calibrate",
+                    "--runs",
+                    str(oracle),
+                    str(random_run),
+                    "--judge",
+                    stand_in,
+                    "--judge",
+                    stand_in,
+                    "--judge-model",
+                    "word:power",
+                    "--judge-model",
+                    "no",
+                    "--weights",
+                    "3",
+                    "1",
+                    "--samples",
+                    "1",
+                    "--threshold",
+                    threshold,
+                    "--out",
+                    str(out),
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
         return json.loads(out.read_text())
+
     assert run("0.75")["overall"] == g
-    strict = run("0.8")["overall"]                                              # now nothing passes
+    strict = run("0.8")["overall"]  # now nothing passes
     assert (strict["tp"], strict["fp"], strict["precision"], strict["recall"]) == (0, 0, None, 0.0)
     assert strict["tn"] == tn + fp and strict["fn"] == tp + fn
 
@@ -454,8 +548,26 @@ def test_calibrate_skips_broken_trajectories_and_reports_errors(eval_runs, stand
     shutil.copytree(oracle, broken)
     (broken / "trajectories" / "calc_log2_3__0" / "step_001.png").unlink()
     out = tmp_path / "r.json"
-    assert main(["judge", "calibrate", "--runs", str(broken), "--judge", stand_in, "--judge-model", "yes",
-                 "--samples", "1", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "judge",
+                "calibrate",
+                "--runs",
+                str(broken),
+                "--judge",
+                stand_in,
+                "--judge-model",
+                "yes",
+                "--samples",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     rep = json.loads(out.read_text())
     assert rep["overall"]["n"] == 2 and rep["overall"]["tp"] == 2 and rep["overall"]["precision"] == 1.0
     (skip,) = rep["skipped"]
@@ -463,8 +575,26 @@ def test_calibrate_skips_broken_trajectories_and_reports_errors(eval_runs, stand
     capsys.readouterr()
     assert main(["judge", "calibrate", "--runs", str(tmp_path / "nope"), "--judge", stand_in]) == 2
     assert "no episodes.jsonl" in capsys.readouterr().err
-    assert main(["judge", "calibrate", "--runs", str(oracle), "--judge", _dead_url(), "--judge-model", "m",
-                 "--samples", "1", "--retries", "0", "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "judge",
+                "calibrate",
+                "--runs",
+                str(oracle),
+                "--judge",
+                _dead_url(),
+                "--judge-model",
+                "m",
+                "--samples",
+                "1",
+                "--retries",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "did not answer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["judge"])
@@ -474,10 +604,18 @@ def test_judge_reward_through_coda_eval_on_an_async_vector_env(stand_in, seen, t
     """The training path: judge-rewarded envs in worker processes (the judge is pickled without models)."""
     from coda_agent.eval import run_eval
     from coda_agent.policy import OracleAgent
+
     judge = {"models": [{"spec": stand_in, "model": "word:power"}], "samples": 1}
-    s = run_eval("coda/KAlgebra-v0", OracleAgent(), tmp_path / "run", TASKS[:2], num_envs=2,
-                 env_kwargs={"reward": Judge(judge)}, progress=False)
+    s = run_eval(
+        "coda/KAlgebra-v0",
+        OracleAgent(),
+        tmp_path / "run",
+        TASKS[:2],
+        num_envs=2,
+        env_kwargs={"reward": Judge(judge)},
+        progress=False,
+    )
     recs = {r["task"]: r for r in _records(tmp_path / "run")}
-    assert s["overall"]["success"] == 2                                  # eval's success is the checks'
-    assert (recs["calc_power"]["reward"], recs["calc_log2_3"]["reward"]) == (1.0, 0.0)   # the judge's
+    assert s["overall"]["success"] == 2  # eval's success is the checks'
+    assert (recs["calc_power"]["reward"], recs["calc_log2_3"]["reward"]) == (1.0, 0.0)  # the judge's
     assert len(seen) == 2 and all(r["error"] is None for r in recs.values())

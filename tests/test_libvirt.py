@@ -4,6 +4,7 @@ The test driver keeps real domain, storage and snapshot state in this process an
 and sendKey; it has no QEMU monitor and no guest agent, so pointer events and guest commands are tested
 as the exact event lists they translate to, and as the clear errors the driver's refusals become.
 """
+
 from __future__ import annotations
 
 import io
@@ -52,8 +53,10 @@ def base(conn) -> str:
     """A base volume in the test driver's pool (10 GiB, qcow2)."""
     pool = conn.storagePoolLookupByName(POOL)
     name = f"base-{uuid.uuid4().hex[:8]}.qcow2"
-    vol = pool.createXML(f"<volume><name>{name}</name><capacity unit='G'>10</capacity>"
-                         f"<target><format type='qcow2'/></target></volume>", 0)
+    vol = pool.createXML(
+        f"<volume><name>{name}</name><capacity unit='G'>10</capacity><target><format type='qcow2'/></target></volume>",
+        0,
+    )
     yield vol.path()
     vol.delete(0)
 
@@ -85,6 +88,7 @@ def coda_volumes(conn) -> list[str]:
 
 def test_protocol_and_make_desktop(base):
     from coda_env.env import make_desktop
+
     d = make_desktop("libvirt", 1024, 768, uri=TEST_URI, base_image=base, pool=POOL, wait_for_agent=False)
     assert isinstance(d, lvb.LibvirtDesktop) and isinstance(d, Desktop)
     assert (d.width, d.height, d.config.width, d.config.height) == (1024, 768, 1024, 768)
@@ -167,11 +171,14 @@ def test_reset_reverts_in_place_with_hmp_loadvm_and_falls_back_to_libvirt(deskto
     no QEMU monitor (the test driver), reverts through libvirt instead."""
     sent, reverted = [], []
     real_revert = desktop._dom.revertToSnapshot
-    monkeypatch.setattr(desktop._dom, "revertToSnapshot", lambda *a: reverted.append(1) or real_revert(*a),
-                        raising=False)
+    monkeypatch.setattr(
+        desktop._dom, "revertToSnapshot", lambda *a: reverted.append(1) or real_revert(*a), raising=False
+    )
+
     def monitor(dom, cmd, flags):
         sent.append(json.loads(cmd))
         return json.dumps({"return": reply})
+
     monkeypatch.setattr(desktop._lvq, "qemuMonitorCommand", monitor)
     reply = ""
     desktop.reset()
@@ -198,6 +205,7 @@ def test_gc_and_atexit_finalizer_remove_domain(conn, base):
     assert d._finalizer.atexit  # weakref.finalize also runs at interpreter exit
     del d
     import gc
+
     gc.collect()
     with pytest.raises(libvirt.libvirtError):
         conn.lookupByName(name)
@@ -226,6 +234,7 @@ def test_screenshot_of_other_size_is_an_error_without_resize(base):
 @pytest.mark.parametrize("fmt", ["PPM", "PNG"])
 def test_decode_screenshot_exact_pixels(fmt):
     from PIL import Image
+
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (60, 80, 3), np.uint8)
     buf = io.BytesIO()
@@ -257,20 +266,63 @@ def _linux_keycodes() -> dict[str, int]:
 
 # An independent spelling of the US layout in the kernel's names: the backend's table must agree.
 KERNEL_NAMES = {
-    "enter": "KEY_ENTER", "esc": "KEY_ESC", "tab": "KEY_TAB", "backspace": "KEY_BACKSPACE", "space": "KEY_SPACE",
-    "delete": "KEY_DELETE", "insert": "KEY_INSERT", "home": "KEY_HOME", "end": "KEY_END",
-    "pageup": "KEY_PAGEUP", "pagedown": "KEY_PAGEDOWN", "up": "KEY_UP", "down": "KEY_DOWN", "left": "KEY_LEFT",
-    "right": "KEY_RIGHT", "ctrl": "KEY_LEFTCTRL", "ctrlright": "KEY_RIGHTCTRL", "shift": "KEY_LEFTSHIFT",
-    "shiftright": "KEY_RIGHTSHIFT", "alt": "KEY_LEFTALT", "altright": "KEY_RIGHTALT", "win": "KEY_LEFTMETA",
-    "winright": "KEY_RIGHTMETA", "capslock": "KEY_CAPSLOCK", "numlock": "KEY_NUMLOCK",
-    "scrolllock": "KEY_SCROLLLOCK", "printscreen": "KEY_SYSRQ", "pause": "KEY_PAUSE", "apps": "KEY_COMPOSE",
-    "-": "KEY_MINUS", "=": "KEY_EQUAL", "[": "KEY_LEFTBRACE", "]": "KEY_RIGHTBRACE", ";": "KEY_SEMICOLON",
-    "'": "KEY_APOSTROPHE", "`": "KEY_GRAVE", "\\": "KEY_BACKSLASH", ",": "KEY_COMMA", ".": "KEY_DOT",
-    "/": "KEY_SLASH", "add": "KEY_KPPLUS", "subtract": "KEY_KPMINUS", "multiply": "KEY_KPASTERISK",
-    "divide": "KEY_KPSLASH", "decimal": "KEY_KPDOT", "volumeup": "KEY_VOLUMEUP", "volumedown": "KEY_VOLUMEDOWN",
-    "volumemute": "KEY_MUTE", "playpause": "KEY_PLAYPAUSE", "nexttrack": "KEY_NEXTSONG",
-    "prevtrack": "KEY_PREVIOUSSONG", "browserback": "KEY_BACK", "browserforward": "KEY_FORWARD",
-    "browserrefresh": "KEY_REFRESH", "browserhome": "KEY_HOMEPAGE", "help": "KEY_HELP", "yen": "KEY_YEN",
+    "enter": "KEY_ENTER",
+    "esc": "KEY_ESC",
+    "tab": "KEY_TAB",
+    "backspace": "KEY_BACKSPACE",
+    "space": "KEY_SPACE",
+    "delete": "KEY_DELETE",
+    "insert": "KEY_INSERT",
+    "home": "KEY_HOME",
+    "end": "KEY_END",
+    "pageup": "KEY_PAGEUP",
+    "pagedown": "KEY_PAGEDOWN",
+    "up": "KEY_UP",
+    "down": "KEY_DOWN",
+    "left": "KEY_LEFT",
+    "right": "KEY_RIGHT",
+    "ctrl": "KEY_LEFTCTRL",
+    "ctrlright": "KEY_RIGHTCTRL",
+    "shift": "KEY_LEFTSHIFT",
+    "shiftright": "KEY_RIGHTSHIFT",
+    "alt": "KEY_LEFTALT",
+    "altright": "KEY_RIGHTALT",
+    "win": "KEY_LEFTMETA",
+    "winright": "KEY_RIGHTMETA",
+    "capslock": "KEY_CAPSLOCK",
+    "numlock": "KEY_NUMLOCK",
+    "scrolllock": "KEY_SCROLLLOCK",
+    "printscreen": "KEY_SYSRQ",
+    "pause": "KEY_PAUSE",
+    "apps": "KEY_COMPOSE",
+    "-": "KEY_MINUS",
+    "=": "KEY_EQUAL",
+    "[": "KEY_LEFTBRACE",
+    "]": "KEY_RIGHTBRACE",
+    ";": "KEY_SEMICOLON",
+    "'": "KEY_APOSTROPHE",
+    "`": "KEY_GRAVE",
+    "\\": "KEY_BACKSLASH",
+    ",": "KEY_COMMA",
+    ".": "KEY_DOT",
+    "/": "KEY_SLASH",
+    "add": "KEY_KPPLUS",
+    "subtract": "KEY_KPMINUS",
+    "multiply": "KEY_KPASTERISK",
+    "divide": "KEY_KPSLASH",
+    "decimal": "KEY_KPDOT",
+    "volumeup": "KEY_VOLUMEUP",
+    "volumedown": "KEY_VOLUMEDOWN",
+    "volumemute": "KEY_MUTE",
+    "playpause": "KEY_PLAYPAUSE",
+    "nexttrack": "KEY_NEXTSONG",
+    "prevtrack": "KEY_PREVIOUSSONG",
+    "browserback": "KEY_BACK",
+    "browserforward": "KEY_FORWARD",
+    "browserrefresh": "KEY_REFRESH",
+    "browserhome": "KEY_HOMEPAGE",
+    "help": "KEY_HELP",
+    "yen": "KEY_YEN",
     **{c: f"KEY_{c.upper()}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"},
     **{f"f{i}": f"KEY_F{i}" for i in range(1, 25)},
     **{f"num{i}": f"KEY_KP{i}" for i in range(10)},
@@ -302,17 +354,37 @@ def test_typing_plan_is_one_chord_per_character():
     steps, pointer = lvb.plan_input(a, (7, 9), SIZE)
     codes = _linux_keycodes()
     S = codes["KEY_LEFTSHIFT"]
-    assert steps == [("keys", (codes["KEY_X"],)), ("keys", (S, codes["KEY_SEMICOLON"])),
-                     ("keys", (codes["KEY_EQUAL"],)), ("keys", (codes["KEY_2"],)),
-                     ("keys", (S, codes["KEY_EQUAL"])), ("keys", (codes["KEY_3"],))]
+    assert steps == [
+        ("keys", (codes["KEY_X"],)),
+        ("keys", (S, codes["KEY_SEMICOLON"])),
+        ("keys", (codes["KEY_EQUAL"],)),
+        ("keys", (codes["KEY_2"],)),
+        ("keys", (S, codes["KEY_EQUAL"])),
+        ("keys", (codes["KEY_3"],)),
+    ]
     assert pointer == (7, 9)
 
 
 def test_every_mapped_key_name_is_accepted_by_send_key(desktop):
     """libvirt validates Linux keycodes against its own table: a wrong one is an error."""
-    mapped = [k for k in KEY_NAMES if k not in ("accept", "final", "junja", "modechange", "kanji", "clear",
-                                                "select", "execute", "separator", "browserstop",
-                                                "browsersearch")]
+    mapped = [
+        k
+        for k in KEY_NAMES
+        if k
+        not in (
+            "accept",
+            "final",
+            "junja",
+            "modechange",
+            "kanji",
+            "clear",
+            "select",
+            "execute",
+            "separator",
+            "browserstop",
+            "browsersearch",
+        )
+    ]
     for key in mapped:
         desktop.input(Action("press", keys=(key,)))
     desktop.input(Action("hotkey", keys=("ctrl", "alt", "delete")))
@@ -332,8 +404,10 @@ def test_send_key_rejects_a_bad_keycode_in_test_driver(conn, desktop):
 
 
 def _abs(x, y):
-    return ("qmp", [{"type": "abs", "data": {"axis": "x", "value": x}},
-                    {"type": "abs", "data": {"axis": "y", "value": y}}])
+    return (
+        "qmp",
+        [{"type": "abs", "data": {"axis": "x", "value": x}}, {"type": "abs", "data": {"axis": "y", "value": y}}],
+    )
 
 
 def _btn(b, down):
@@ -343,8 +417,13 @@ def _btn(b, down):
 def test_click_plan_moves_then_presses_and_releases_in_separate_syncs():
     (a,) = parse_action("pyautogui.doubleClick(1279, 0, button='right')")
     steps, pointer = lvb.plan_input(a, (0, 0), SIZE)
-    assert steps == [_abs(0x7FFF, 0), _btn("right", True), _btn("right", False),
-                     _btn("right", True), _btn("right", False)]
+    assert steps == [
+        _abs(0x7FFF, 0),
+        _btn("right", True),
+        _btn("right", False),
+        _btn("right", True),
+        _btn("right", False),
+    ]
     assert pointer == (1279, 0)
     (a,) = parse_action("pyautogui.click(640, 400)")
     steps, _ = lvb.plan_input(a, (0, 0), SIZE)
@@ -394,12 +473,23 @@ def test_held_keys_use_qcodes_with_shift_for_shifted_characters():
 
 def test_plan_covers_every_non_terminal_action_kind():
     from coda_env.actions import KINDS, TERMINAL_KINDS
-    samples = {"move": Action("move", x=1, y=1), "click": Action("click"), "mouse_down": Action("mouse_down"),
-               "mouse_up": Action("mouse_up"), "drag": Action("drag", x=5, y=5), "scroll": Action("scroll", amount=1),
-               "hscroll": Action("hscroll", amount=1), "type": Action("type", text="a"),
-               "press": Action("press", keys=("enter",), presses=3), "hotkey": Action("hotkey", keys=("ctrl", "c")),
-               "key_down": Action("key_down", keys=("shift",)), "key_up": Action("key_up", keys=("shift",)),
-               "sleep": Action("sleep", seconds=0.5), "wait": Action("wait")}
+
+    samples = {
+        "move": Action("move", x=1, y=1),
+        "click": Action("click"),
+        "mouse_down": Action("mouse_down"),
+        "mouse_up": Action("mouse_up"),
+        "drag": Action("drag", x=5, y=5),
+        "scroll": Action("scroll", amount=1),
+        "hscroll": Action("hscroll", amount=1),
+        "type": Action("type", text="a"),
+        "press": Action("press", keys=("enter",), presses=3),
+        "hotkey": Action("hotkey", keys=("ctrl", "c")),
+        "key_down": Action("key_down", keys=("shift",)),
+        "key_up": Action("key_up", keys=("shift",)),
+        "sleep": Action("sleep", seconds=0.5),
+        "wait": Action("wait"),
+    }
     assert set(samples) | TERMINAL_KINDS == set(KINDS)
     for kind, a in samples.items():
         steps, _ = lvb.plan_input(a, (0, 0), SIZE)
@@ -420,14 +510,14 @@ def test_pointer_input_needs_the_qemu_monitor(desktop):
 
 def test_cannot_connect_says_how_to_start_libvirtd():
     # A local URI with no daemon behind it, whether or not one runs here (socket= names the daemon's socket).
-    d = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu:///system?socket=/nonexistent/libvirt-sock",
-                                             base_image="/x.qcow2"))
+    d = lvb.LibvirtDesktop(
+        lvb.LibvirtConfig(uri="qemu:///system?socket=/nonexistent/libvirt-sock", base_image="/x.qcow2")
+    )
     with pytest.raises(lvb.LibvirtConnectError, match=r"libvirtd -d.*uri"):
         d.start()
     assert not d.alive()
     with pytest.raises(lvb.LibvirtConnectError, match="qemu\\+ssh://nohost.invalid/system"):
-        lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu+ssh://nohost.invalid/system?no_tty=1",
-                                             base_image="/x")).start()
+        lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu+ssh://nohost.invalid/system?no_tty=1", base_image="/x")).start()
 
 
 def test_bad_uri():
@@ -468,8 +558,9 @@ def test_domain_rejected_or_template_broken_is_boot_error(conn, base):
     with pytest.raises(lvb.DomainBootError, match="unknown or malformed placeholder.*nosuch"):
         lvb.LibvirtDesktop(config(base, domain_xml="<domain type='$domain_type'><name>$nosuch</name></domain>")).start()
     with pytest.raises(lvb.DomainBootError, match="libvirt rejected the domain XML"):
-        lvb.LibvirtDesktop(config(base, domain_xml="<domain type='$domain_type'><name>$name</name>"
-                                                   "<memory>lots</memory></domain>")).start()
+        lvb.LibvirtDesktop(
+            config(base, domain_xml="<domain type='$domain_type'><name>$name</name><memory>lots</memory></domain>")
+        ).start()
     assert coda_domains(conn) == [] and coda_volumes(conn) == []
 
 
@@ -500,7 +591,7 @@ def test_base_image_from_env_and_the_domain_xml_beside_it(tmp_path, monkeypatch)
     assert "<boot dev='hd'/>" in local.domain_xml("/o.qcow2")  # no domain.xml beside it yet
     (tmp_path / "domain.xml").write_text(lvb.DEFAULT_DOMAIN_XML.replace("<boot dev='hd'/>", "<kernel>/k</kernel>"))
     xml = local.domain_xml("/o.qcow2")
-    assert "<kernel>/k</kernel>" in xml and "<name>coda-x</name>" in xml and "file=\"/o.qcow2\"" in xml
+    assert "<kernel>/k</kernel>" in xml and "<name>coda-x</name>" in xml and 'file="/o.qcow2"' in xml
     assert "<boot dev='hd'/>" in remote.domain_xml("/o.qcow2")
     explicit = lvb.LibvirtDesktop(lvb.LibvirtConfig(uri="qemu:///system", domain_xml=lvb.DEFAULT_DOMAIN_XML))
     explicit.name = "coda-y"
@@ -526,20 +617,54 @@ def test_accessibility_is_read_in_the_guest(desktop):
 
 def test_guest_a11y_parses_the_readers_output(monkeypatch, desktop):
     from coda_env.a11y import A11yError
+
     sent = []
 
     def run(argv, timeout=30.0):
         sent.append(list(argv))
         return subprocess.CompletedProcess(argv, 0, OUT.pop(0), b"")
-    OUT = [json.dumps({"bus": ":1.5", "path": "/r", "role": "application", "name": "kalgebra", "children": [
-        {"bus": ":1.5", "path": "/t", "role": "page tab", "name": "2D Graph", "states": ["selected"],
-         "extents": [1, 2, 30, 40]}]}).encode(), b"null", b"garbage", b'{"path": "/x"}']
+
+    OUT = [
+        json.dumps(
+            {
+                "bus": ":1.5",
+                "path": "/r",
+                "role": "application",
+                "name": "kalgebra",
+                "children": [
+                    {
+                        "bus": ":1.5",
+                        "path": "/t",
+                        "role": "page tab",
+                        "name": "2D Graph",
+                        "states": ["selected"],
+                        "extents": [1, 2, 30, 40],
+                    }
+                ],
+            }
+        ).encode(),
+        b"null",
+        b"garbage",
+        b'{"path": "/x"}',
+    ]
     monkeypatch.setattr(desktop, "run", run)
     source = desktop.a11y()
     tree = source.app_tree("kalgebra", skip_roles=frozenset({"menu bar", "combo box"}), texts=True)
     # the reader's whole text travels with the call, run isolated by the system's python3: no file in the guest
-    assert sent[0] == ["/usr/bin/python3", "-I", "-c", lvb.A11Y_SOURCE, "tree", "unix:path=/run/coda/bus",
-                       "kalgebra", "--skip", "combo box", "--skip", "menu bar", "--texts"]
+    assert sent[0] == [
+        "/usr/bin/python3",
+        "-I",
+        "-c",
+        lvb.A11Y_SOURCE,
+        "tree",
+        "unix:path=/run/coda/bus",
+        "kalgebra",
+        "--skip",
+        "combo box",
+        "--skip",
+        "menu bar",
+        "--texts",
+    ]
     tab = tree.first("page tab")
     assert source.states(tab) == {"selected"} and source.extents(tab) == (1, 2, 30, 40)
     assert source.app_tree("kalgebra") is None
@@ -547,8 +672,13 @@ def test_guest_a11y_parses_the_readers_output(monkeypatch, desktop):
         source.app_tree("kalgebra")
     with pytest.raises(A11yError, match="malformed accessibility tree"):
         source.app_tree("kalgebra")
-    monkeypatch.setattr(desktop, "run", lambda argv, timeout=30.0: subprocess.CompletedProcess(
-        argv, 1, b"", b"a11y: cannot reach the accessibility bus: [Errno 2] No such file or directory"))
+    monkeypatch.setattr(
+        desktop,
+        "run",
+        lambda argv, timeout=30.0: subprocess.CompletedProcess(
+            argv, 1, b"", b"a11y: cannot reach the accessibility bus: [Errno 2] No such file or directory"
+        ),
+    )
     with pytest.raises(A11yError, match=r"reader failed \(exit 1\): a11y: cannot reach the accessibility bus"):
         source.app_tree("kalgebra")
 
@@ -565,9 +695,11 @@ def test_is_local_uri():
 
 
 def test_parse_wmctrl():
-    text = ("0x00c00003  0 0    0    1280 800  kalgebra.kalgebra  vm KAlgebra — Calculator\n"
-            "0x00e00001 -1 0    770  1280 30   panel.Panel vm \n"
-            "garbage line\n")
+    text = (
+        "0x00c00003  0 0    0    1280 800  kalgebra.kalgebra  vm KAlgebra — Calculator\n"
+        "0x00e00001 -1 0    770  1280 30   panel.Panel vm \n"
+        "garbage line\n"
+    )
     wins = lvb.parse_wmctrl(text)
     assert wins[0] == lvb.Window(0xC00003, "kalgebra", "KAlgebra — Calculator", 0, 0, 1280, 800)
     assert wins[1].wm_class == "Panel" and wins[1].title == "" and wins[1].y == 770
@@ -590,8 +722,9 @@ def test_destroy_domain_removes_running_domain_and_overlay(conn, base):
     name = f"coda-t-{uuid.uuid4().hex[:8]}"
     pool = conn.storagePoolLookupByName(POOL)
     pool.createXML(f"<volume><name>{name}.qcow2</name><capacity unit='G'>1</capacity></volume>", 0)
-    dom = conn.defineXML(f"<domain type='qemu'><name>{name}</name><memory>65536</memory>"
-                         f"<os><type>hvm</type></os></domain>")
+    dom = conn.defineXML(
+        f"<domain type='qemu'><name>{name}</name><memory>65536</memory><os><type>hvm</type></os></domain>"
+    )
     dom.create()
     assert lvb.destroy_domain(conn, name, POOL, f"{name}.qcow2") == ["destroyed", "undefined", "deleted overlay"]
     with pytest.raises(libvirt.libvirtError):
@@ -625,12 +758,15 @@ sys.stdin.read()
 def test_watchdog_outlives_a_killed_parent_only_to_clean_up(tmp_path):
     # A base that this child's own test-driver state has: its pool starts empty, so create it in the child.
     script = tmp_path / "child.py"
-    script.write_text("import libvirt\nc = libvirt.open('test:///default')\n"
-                      "c.storagePoolLookupByName('default-pool').createXML(\"<volume><name>b.qcow2</name>"
-                      "<capacity unit='G'>1</capacity></volume>\", 0)\n" + CHILD)
+    script.write_text(
+        "import libvirt\nc = libvirt.open('test:///default')\n"
+        "c.storagePoolLookupByName('default-pool').createXML(\"<volume><name>b.qcow2</name>"
+        "<capacity unit='G'>1</capacity></volume>\", 0)\n" + CHILD
+    )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    child = subprocess.Popen([sys.executable, str(script), "/default-pool/b.qcow2"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, env=env)
+    child = subprocess.Popen(
+        [sys.executable, str(script), "/default-pool/b.qcow2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
     try:
         line = child.stdout.readline().decode().strip()
         assert line.isdigit(), line
@@ -638,8 +774,13 @@ def test_watchdog_outlives_a_killed_parent_only_to_clean_up(tmp_path):
         assert Path(f"/proc/{wpid}").exists()
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=5)
-        gone = wait_until(lambda: not Path(f"/proc/{wpid}").exists() or
-                          Path(f"/proc/{wpid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 20)
+        gone = wait_until(
+            lambda: (
+                not Path(f"/proc/{wpid}").exists()
+                or Path(f"/proc/{wpid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            ),
+            20,
+        )
         assert gone, "the watchdog did not notice its parent's death"
     finally:
         child.kill()
@@ -711,8 +852,12 @@ def test_vm_of_a_killed_parent_is_removed():
     """SIGKILL the process that owns a running VM: its watchdog destroys the domain and deletes the overlay."""
     image, xml = _vm_image()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    child = subprocess.Popen([sys.executable, "-c", VM_CHILD, image, xml or "", VM_OPTIONS["pool"],
-                              VM_OPTIONS["overlay_dir"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", VM_CHILD, image, xml or "", VM_OPTIONS["pool"], VM_OPTIONS["overlay_dir"]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
     conn = libvirt.open("qemu:///system")
     try:
         name = child.stdout.readline().decode().strip()
@@ -738,6 +883,7 @@ def _remote_pools(uri: str, image: str) -> dict:
     The base's pool is named after its folder: libvirtd keeps a transient pool across its own restarts (in
     /run/libvirt/storage), so a fixed name could still point at the folder of an earlier checkout."""
     import hashlib
+
     folder = os.path.dirname(image)
     base_pool = f"coda-test-base-{hashlib.sha1(folder.encode()).hexdigest()[:8]}"
     conn = libvirt.open(uri)
@@ -752,9 +898,10 @@ def _remote_pools(uri: str, image: str) -> dict:
             try:
                 pool = conn.storagePoolLookupByName(name)
             except libvirt.libvirtError:  # WITH_BUILD makes the folder on that host
-                pool = conn.storagePoolCreateXML(f"<pool type='dir'><name>{name}</name><target><path>{path}"
-                                                 f"</path></target></pool>",
-                                                 libvirt.VIR_STORAGE_POOL_CREATE_WITH_BUILD)
+                pool = conn.storagePoolCreateXML(
+                    f"<pool type='dir'><name>{name}</name><target><path>{path}</path></target></pool>",
+                    libvirt.VIR_STORAGE_POOL_CREATE_WITH_BUILD,
+                )
             pool.refresh(0)
     finally:
         conn.close()
@@ -780,23 +927,29 @@ def loopback_ssh_uri(tmp_path_factory):
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host\nAuthorizedKeysFile {d}/authorized_keys\n"
         "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "UsePAM no\nStrictModes no\nPidFile none\n")
+        "UsePAM no\nStrictModes no\nPidFile none\n"
+    )
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
     log = open(d / "sshd.log", "wb")
     proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stdout=log, stderr=log)
     wrapper = d / "ssh"
-    wrapper.write_text(f"#!/bin/sh\nexec ssh -i {d}/id -o UserKnownHostsFile={d}/known_hosts "
-                       f"-o StrictHostKeyChecking=accept-new \"$@\"\n")
+    wrapper.write_text(
+        f"#!/bin/sh\nexec ssh -i {d}/id -o UserKnownHostsFile={d}/known_hosts "
+        f'-o StrictHostKeyChecking=accept-new "$@"\n'
+    )
     wrapper.chmod(0o755)
     try:
         import socket
+
         def listening() -> bool:
             if proc.poll() is not None:
                 return True
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
+
         assert wait_until(listening, 10) and proc.poll() is None, (d / "sshd.log").read_text()
         import getpass
+
         yield f"qemu+ssh://{getpass.getuser()}@127.0.0.1:{port}/system?command={wrapper}&no_tty=1"
     finally:
         proc.terminate()
@@ -814,13 +967,13 @@ def test_kalgebra_task_through_a_vm(where, request):
     from coda_env.env import CodaEnv
 
     from .conftest import run_solution
+
     image, xml = _vm_image()
     uri = "qemu:///system"
     if where == "remote":
         uri = os.environ.get("CODA_VM_REMOTE_URI") or request.getfixturevalue("loopback_ssh_uri")
     options = dict(VM_OPTIONS) if uri == "qemu:///system" else _remote_pools(uri, image)
-    env = CodaEnv(app="kalgebra", backend="libvirt",
-                  backend_options=dict(base_image=image, domain_xml=xml, **options))
+    env = CodaEnv(app="kalgebra", backend="libvirt", backend_options=dict(base_image=image, domain_xml=xml, **options))
     figures: dict[str, object] = {}
     try:
         t0 = time.monotonic()
@@ -864,11 +1017,18 @@ def test_two_envs_from_one_base_at_once():
 
     import coda_env  # noqa: F401  (registers the ids)
     from coda_env.tasks import load_tasks
+
     image, _ = _vm_image()
     before = os.stat(image)
     conn = libvirt.open("qemu:///system")
-    envs = gym.make_vec("coda/KAlgebra-v0", num_envs=2, vectorization_mode="async", task="calc_power",
-                        backend="libvirt", backend_options=dict(base_image=image, **VM_OPTIONS))
+    envs = gym.make_vec(
+        "coda/KAlgebra-v0",
+        num_envs=2,
+        vectorization_mode="async",
+        task="calc_power",
+        backend="libvirt",
+        backend_options=dict(base_image=image, **VM_OPTIONS),
+    )
     try:
         obs, info = envs.reset(seed=0)
         assert obs["screenshot"].shape == (2, 800, 1280, 3)
@@ -915,8 +1075,19 @@ def test_scienceboard_domain_template_is_accepted(base, conn, osworld):
     """vm_images/scienceboard.xml.in (SATA disk, a NIC on the default network, no agent channel) defines and
     starts a domain, and with guest="http" the desktop comes up through the (stand-in) server."""
     xml = str(Path(__file__).resolve().parents[1] / "vm_images" / "scienceboard.xml.in")
-    d = lvb.LibvirtDesktop(config(base, domain_xml=xml, wait_for_agent=True, guest="http", guest_url=osworld.url,
-                                  ready_command=("true",), a11y=False, width=1920, height=1080))
+    d = lvb.LibvirtDesktop(
+        config(
+            base,
+            domain_xml=xml,
+            wait_for_agent=True,
+            guest="http",
+            guest_url=osworld.url,
+            ready_command=("true",),
+            a11y=False,
+            width=1920,
+            height=1080,
+        )
+    )
     d.start()
     try:
         text = conn.lookupByName(d.name).XMLDesc()
@@ -930,8 +1101,13 @@ def test_env_on_libvirt_backend_reaches_the_guest(base, conn):
     """gym env -> make_desktop('libvirt', backend_options) -> a domain; launching the app needs the guest
     agent, which the test driver lacks: reset says so instead of hanging."""
     from coda_env.env import CodaEnv
-    env = CodaEnv(app="kalgebra", backend="libvirt", screen=(1024, 768),
-                  backend_options=dict(uri=TEST_URI, base_image=base, pool=POOL, wait_for_agent=False))
+
+    env = CodaEnv(
+        app="kalgebra",
+        backend="libvirt",
+        screen=(1024, 768),
+        backend_options=dict(uri=TEST_URI, base_image=base, pool=POOL, wait_for_agent=False),
+    )
     try:
         assert isinstance(env.desktop, lvb.LibvirtDesktop) and env.desktop.width == 1024
         if __import__("shutil").which("kalgebra") is None:
@@ -959,14 +1135,17 @@ class _OSWorldStandIn:
         from http.server import ThreadingHTTPServer
 
         from .conftest import JSONHandler
+
         seen, commands = self.seen, self.commands = [], []
 
         def form(handler) -> dict:
             length = int(handler.headers.get("Content-Length", 0))
             raw = (f"Content-Type: {handler.headers['Content-Type']}\r\n\r\n").encode() + handler.rfile.read(length)
             msg = BytesParser().parsebytes(raw)
-            return {part.get_param("name", header="content-disposition"): part.get_payload(decode=True)
-                    for part in msg.get_payload()}
+            return {
+                part.get_param("name", header="content-disposition"): part.get_payload(decode=True)
+                for part in msg.get_payload()
+            }
 
         class Handler(JSONHandler):
             def do_GET(self):
@@ -984,12 +1163,19 @@ class _OSWorldStandIn:
                     data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                     commands.append(data["command"])
                     try:
-                        r = subprocess.run(data["command"], shell=data.get("shell", False), capture_output=True,
-                                           text=True, timeout=300, env=env)
+                        r = subprocess.run(
+                            data["command"],
+                            shell=data.get("shell", False),
+                            capture_output=True,
+                            text=True,
+                            timeout=300,
+                            env=env,
+                        )
                     except Exception as e:
                         return self._send(500, {"status": "error", "message": str(e)})
-                    return self._send(200, {"status": "success", "output": r.stdout, "error": r.stderr,
-                                            "returncode": r.returncode})
+                    return self._send(
+                        200, {"status": "success", "output": r.stdout, "error": r.stderr, "returncode": r.returncode}
+                    )
                 fields = form(self)
                 path = fields.get("file_path", b"").decode()
                 if self.path == "/file":
@@ -1029,8 +1215,9 @@ def osworld(tmp_path, monkeypatch):
 
 
 def test_http_guest_transport_runs_commands_files_and_programs(base, osworld, tmp_path):
-    d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, guest="http", guest_url=osworld.url,
-                                  ready_command=("true",), a11y=False))
+    d = lvb.LibvirtDesktop(
+        config(base, wait_for_agent=True, guest="http", guest_url=osworld.url, ready_command=("true",), a11y=False)
+    )
     d.start()  # waits for GET /platform instead of the guest agent
     try:
         assert "/platform" in osworld.seen and d.alive()
@@ -1044,8 +1231,12 @@ def test_http_guest_transport_runs_commands_files_and_programs(base, osworld, tm
         with pytest.raises(FileNotFoundError, match="does not exist in the guest"):
             d.read_file(str(tmp_path / "missing"))
         log = tmp_path / "prog.log"
-        p = d.spawn(["sh", "-c", 'echo "$FOO $QT_LINUX_ACCESSIBILITY_ALWAYS_ON $PWD"; exit 7'], env={"FOO": "bar"},
-                    cwd=str(tmp_path / "home"), log=str(log))
+        p = d.spawn(
+            ["sh", "-c", 'echo "$FOO $QT_LINUX_ACCESSIBILITY_ALWAYS_ON $PWD"; exit 7'],
+            env={"FOO": "bar"},
+            cwd=str(tmp_path / "home"),
+            log=str(log),
+        )
         assert p.wait(timeout=20) == 7
         assert log.read_text().strip() == f"bar 1 {tmp_path / 'home'}"
         sleeper = d.spawn(["sleep", "600"])
@@ -1060,10 +1251,14 @@ def test_http_guest_transport_runs_commands_files_and_programs(base, osworld, tm
 
 def test_http_guest_silent_is_a_clear_error(base):
     with socket_port() as port:  # nothing listens there
-        d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, guest="http", guest_url=f"http://127.0.0.1:{port}",
-                                      boot_timeout=1.0))
-        with pytest.raises(lvb.GuestAgentError, match=r"the HTTP server in coda-\w+ did not answer "
-                                                      r"\(http://127.0.0.1:\d+\): the image must run an OSWorld"):
+        d = lvb.LibvirtDesktop(
+            config(base, wait_for_agent=True, guest="http", guest_url=f"http://127.0.0.1:{port}", boot_timeout=1.0)
+        )
+        with pytest.raises(
+            lvb.GuestAgentError,
+            match=r"the HTTP server in coda-\w+ did not answer "
+            r"\(http://127.0.0.1:\d+\): the image must run an OSWorld",
+        ):
             d.start()
         assert d.name is not None and not d.alive()
     with pytest.raises(ValueError, match="guest must be 'agent' or 'http'"):
@@ -1075,6 +1270,7 @@ class socket_port:
 
     def __enter__(self):
         import socket
+
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -1109,6 +1305,7 @@ class _HostGuestAgent:
     def qemuAgentCommand(self, dom, text, timeout, flags):
         import base64
         import tempfile
+
         cmd = json.loads(text)
         args = cmd.get("arguments", {})
         self.commands.append(cmd["execute"])
@@ -1120,11 +1317,16 @@ class _HostGuestAgent:
             out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
             sink = {} if args.get("capture-output") else {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
             try:
-                p = subprocess.Popen(argv, env=dict(e.split("=", 1) for e in args.get("env", [])),
-                                     **({"stdout": out, "stderr": err} | sink))
+                p = subprocess.Popen(
+                    argv,
+                    env=dict(e.split("=", 1) for e in args.get("env", [])),
+                    **({"stdout": out, "stderr": err} | sink),
+                )
             except FileNotFoundError:
-                raise self.Refusal(f"internal error: unable to execute QEMU agent command 'guest-exec': Failed to "
-                                   f"execute child process “{argv[0]}” (No such file or directory)") from None
+                raise self.Refusal(
+                    f"internal error: unable to execute QEMU agent command 'guest-exec': Failed to "
+                    f"execute child process “{argv[0]}” (No such file or directory)"
+                ) from None
             self._procs[p.pid] = (p, out, err)
             return json.dumps({"return": {"pid": p.pid}})
         if cmd["execute"] == "guest-exec-status":
@@ -1133,9 +1335,16 @@ class _HostGuestAgent:
                 return json.dumps({"return": {"exited": False}})
             out.seek(0)
             err.seek(0)
-            return json.dumps({"return": {"exited": True, "exitcode": p.returncode,
-                                          "out-data": base64.b64encode(out.read()).decode(),
-                                          "err-data": base64.b64encode(err.read()).decode()}})
+            return json.dumps(
+                {
+                    "return": {
+                        "exited": True,
+                        "exitcode": p.returncode,
+                        "out-data": base64.b64encode(out.read()).decode(),
+                        "err-data": base64.b64encode(err.read()).decode(),
+                    }
+                }
+            )
         return self._lvq.qemuAgentCommand(dom, text, timeout, flags)
 
     def close(self):
@@ -1163,6 +1372,7 @@ def rest():
     from http.server import ThreadingHTTPServer
 
     from .conftest import JSONHandler
+
     seen = []
 
     class Handler(JSONHandler):
@@ -1195,17 +1405,29 @@ def test_http_get_runs_a_fixed_program_through_the_guest_agent(desktop, agent, r
     assert desktop.http_get(rest.port, path) == b"\x00\xffGET " + path.encode()
     assert rest.seen == [path]
     # the program and its script are fixed; the URL is only ever an argument of it
-    assert agent.execs[-1] == ["/usr/bin/python3", "-I", "-c", lvb.HTTP_GET_SCRIPT,
-                               f"http://127.0.0.1:{rest.port}{path}", "10.0"]
+    assert agent.execs[-1] == [
+        "/usr/bin/python3",
+        "-I",
+        "-c",
+        lvb.HTTP_GET_SCRIPT,
+        f"http://127.0.0.1:{rest.port}{path}",
+        "10.0",
+    ]
 
 
 def test_http_get_failures_are_guest_http_errors(desktop, agent, rest, monkeypatch):
     import socket
-    with pytest.raises(lvb.GuestHttpError, match=r"GET http://127.0.0.1:\d+/missing in coda-\w+: the server "
-                                                 r"answered HTTP 404"):
+
+    with pytest.raises(
+        lvb.GuestHttpError,
+        match=r"GET http://127.0.0.1:\d+/missing in coda-\w+: the server "
+        r"answered HTTP 404",
+    ):
         desktop.http_get(rest.port, "/missing")
-    with socket_port() as port, pytest.raises(lvb.GuestHttpError, match=f"nothing answers on port {port} in "
-                                                                        f"the guest .*refused"):
+    with (
+        socket_port() as port,
+        pytest.raises(lvb.GuestHttpError, match=f"nothing answers on port {port} in the guest .*refused"),
+    ):
         desktop.http_get(port, "/")
     with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
         silent.bind(("127.0.0.1", 0))
@@ -1221,8 +1443,23 @@ def test_http_get_failures_are_guest_http_errors(desktop, agent, rest, monkeypat
 
 
 def test_http_get_checks_its_arguments_before_running_anything(desktop, agent, base):
-    for bad in ["", "run", "//evil.example/x", "/a b", "/a\nb", "/$(reboot)", "/`id`", "/a'b", '/a"b', "/x#frag",
-                "/%zz", "/a\\b", "/é", "/" + "a" * 9000, None]:
+    for bad in [
+        "",
+        "run",
+        "//evil.example/x",
+        "/a b",
+        "/a\nb",
+        "/$(reboot)",
+        "/`id`",
+        "/a'b",
+        '/a"b',
+        "/x#frag",
+        "/%zz",
+        "/a\\b",
+        "/é",
+        "/" + "a" * 9000,
+        None,
+    ]:
         with pytest.raises(ValueError, match="http_get needs a URL path"):
             desktop.http_get(8000, bad)
     for port in (0, 65536, "80", True, 80.0):
@@ -1231,16 +1468,19 @@ def test_http_get_checks_its_arguments_before_running_anything(desktop, agent, b
     with pytest.raises(ValueError, match="timeout must be positive"):
         desktop.http_get(8000, "/", timeout=0)
     assert agent.execs == []
-    assert lvb.check_http_path("/run?command=open+1abc%3B+color+red&x=a,b:c@d~e") == \
-        "/run?command=open+1abc%3B+color+red&x=a,b:c@d~e"
+    assert (
+        lvb.check_http_path("/run?command=open+1abc%3B+color+red&x=a,b:c@d~e")
+        == "/run?command=open+1abc%3B+color+red&x=a,b:c@d~e"
+    )
     d = lvb.LibvirtDesktop(config(base))
     with pytest.raises(DesktopError, match="not running"):
         d.http_get(8000, "/")
 
 
 def test_http_get_over_the_http_transport(base, osworld, rest):
-    d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, guest="http", guest_url=osworld.url,
-                                  ready_command=("true",), a11y=False))
+    d = lvb.LibvirtDesktop(
+        config(base, wait_for_agent=True, guest="http", guest_url=osworld.url, ready_command=("true",), a11y=False)
+    )
     d.start()
     try:
         assert d.http_get(rest.port, "/state?x=1") == b"\x00\xffGET /state?x=1"  # bytes survive the JSON reply
@@ -1258,11 +1498,18 @@ def test_readers_are_sent_whole_and_fit_one_argument():
     """The a11y reader sent to the guest is the host's coda_env/a11y.py, as one argument of `python3 -I -c`,
     well under Linux's limit on one argument (the transports have none lower)."""
     from coda_env import a11y
+
     assert lvb.A11Y_SOURCE == Path(a11y.__file__).read_text(encoding="utf-8")
     for source in (lvb.A11Y_SOURCE, lvb.HTTP_GET_SCRIPT):
         assert len(source.encode()) < lvb.MAX_ARG_STRLEN // 4
-        assert lvb.reader_argv("/usr/bin/python3", source, ["apps", 5]) == ["/usr/bin/python3", "-I", "-c", source,
-                                                                          "apps", "5"]
+        assert lvb.reader_argv("/usr/bin/python3", source, ["apps", 5]) == [
+            "/usr/bin/python3",
+            "-I",
+            "-c",
+            source,
+            "apps",
+            "5",
+        ]
     with pytest.raises(ValueError, match="over the 131072-byte limit of one argument"):
         lvb.reader_argv("/usr/bin/python3", "#" * lvb.MAX_ARG_STRLEN, [])
     assert lvb.LibvirtConfig().guest_python == lvb.GUEST_PYTHON == "/usr/bin/python3"  # not looked up on PATH
@@ -1275,6 +1522,7 @@ def guest_bus(tmp_path):
     read. Everything it starts carries a token in its environment, by which the fixture ends it."""
     import selectors
     import shutil
+
     launcher = "/usr/libexec/at-spi-bus-launcher"
     if shutil.which("dbus-daemon") is None or not os.access(launcher, os.X_OK):
         pytest.skip("needs dbus-daemon and at-spi-bus-launcher (Debian's dbus and at-spi2-core: `make setup`)")
@@ -1293,8 +1541,16 @@ def guest_bus(tmp_path):
             except OSError:
                 pass
         return pids
-    procs = [subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)]
+
+    procs = [
+        subprocess.Popen(
+            ["dbus-daemon", "--session", "--nofork", "--print-address=1"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    ]
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(procs[0].stdout, selectors.EVENT_READ)
@@ -1302,9 +1558,15 @@ def guest_bus(tmp_path):
                 pytest.fail("dbus-daemon printed no address within 30 s")
         address = procs[0].stdout.readline().decode().strip()
         assert address.startswith("unix:"), address
-        procs.append(subprocess.Popen([launcher, "--launch-immediately"], env={**env, "DBUS_SESSION_BUS_ADDRESS":
-                                      address}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [launcher, "--launch-immediately"],
+                env={**env, "DBUS_SESSION_BUS_ADDRESS": address},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         yield address
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):  # the launcher's bus and the registry it activated too
@@ -1335,15 +1597,23 @@ def hostile_guest(tmp_path):
     and prints a tree of "kalgebra", which is not on the bus. The interpreter the host names stands for the
     image's /usr/bin/python3 with python3-jeepney (this machine's is another build, without jeepney)."""
     from types import SimpleNamespace
+
     sentinel = tmp_path / "forged-reader-ran"
-    forgery = (f"import os, sys\nwith open({str(sentinel)!r}, 'a') as f:\n    f.write(repr(sys.argv[:1]) + '\\n')\n"
-               f"sys.stdout.write({FORGED_TREE!r} if 'tree' in sys.argv else 'kalgebra\\n')\n"
-               f"sys.stdout.flush()\nos._exit(0)\n")
+    forgery = (
+        f"import os, sys\nwith open({str(sentinel)!r}, 'a') as f:\n    f.write(repr(sys.argv[:1]) + '\\n')\n"
+        f"sys.stdout.write({FORGED_TREE!r} if 'tree' in sys.argv else 'kalgebra\\n')\n"
+        f"sys.stdout.flush()\nos._exit(0)\n"
+    )
     cwd, pythonpath, userbin, system = (tmp_path / n for n in ("cwd", "pythonpath", "userbin", "system"))
     for folder in (cwd / "jeepney", pythonpath / "jeepney", userbin, system):
         folder.mkdir(parents=True)
-    for f in (cwd / "a11y.py", cwd / "json.py", cwd / "jeepney" / "__init__.py", pythonpath / "jeepney" / "__init__.py",
-              pythonpath / "sitecustomize.py"):
+    for f in (
+        cwd / "a11y.py",
+        cwd / "json.py",
+        cwd / "jeepney" / "__init__.py",
+        pythonpath / "jeepney" / "__init__.py",
+        pythonpath / "sitecustomize.py",
+    ):
         f.write_text(forgery)
     (userbin / "python3").write_text(f"#!{sys.executable}\n{forgery}")
     python = system / "python3"
@@ -1352,10 +1622,19 @@ def hostile_guest(tmp_path):
         f.chmod(0o755)
 
     def files() -> list[str]:
-        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != "exit-statuses"
-                      and "exit-statuses" not in p.parts and "bus-home" not in p.parts)
-    return SimpleNamespace(sentinel=sentinel, cwd=cwd, python=str(python), files=files,
-                           env={"PATH": f"{userbin}:{lvb.GUEST_PATH}", "PYTHONPATH": str(pythonpath)})
+        return sorted(
+            str(p.relative_to(tmp_path))
+            for p in tmp_path.rglob("*")
+            if p.name != "exit-statuses" and "exit-statuses" not in p.parts and "bus-home" not in p.parts
+        )
+
+    return SimpleNamespace(
+        sentinel=sentinel,
+        cwd=cwd,
+        python=str(python),
+        files=files,
+        env={"PATH": f"{userbin}:{lvb.GUEST_PATH}", "PYTHONPATH": str(pythonpath)},
+    )
 
 
 def _reader_calls(execs) -> list[list[str]]:
@@ -1364,16 +1643,24 @@ def _reader_calls(execs) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("transport", ["agent", "http"])
-def test_a_replaced_reader_in_the_guest_changes_nothing(transport, base, guest_bus, hostile_guest, monkeypatch,
-                                                        request):
+def test_a_replaced_reader_in_the_guest_changes_nothing(
+    transport, base, guest_bus, hostile_guest, monkeypatch, request
+):
     """Reward integrity on the libvirt backend: the a11y reader goes with every call (start's bus probe, each
     read, after a revert), nothing is written to the guest for it, and a guest user's planted readers are
     never run: the real reader answers (kalgebra is not on the bus) and no forgery's sentinel appears."""
     monkeypatch.chdir(hostile_guest.cwd)  # where the stand-ins run commands: a folder the guest's user writes
     if transport == "agent":
         guest_env = {**lvb.LibvirtConfig().guest_env, **hostile_guest.env, "DBUS_SESSION_BUS_ADDRESS": guest_bus}
-        d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, ready_command=("true",),
-                                      guest_python=hostile_guest.python, guest_env=guest_env))
+        d = lvb.LibvirtDesktop(
+            config(
+                base,
+                wait_for_agent=True,
+                ready_command=("true",),
+                guest_python=hostile_guest.python,
+                guest_env=guest_env,
+            )
+        )
         agent = d._lvq = _HostGuestAgent(d._lvq)
         request.addfinalizer(agent.close)
         calls = lambda: agent.execs  # noqa: E731
@@ -1382,8 +1669,16 @@ def test_a_replaced_reader_in_the_guest_changes_nothing(transport, base, guest_b
         osworld = _OSWorldStandIn(env={**os.environ, **hostile_guest.env, "DBUS_SESSION_BUS_ADDRESS": guest_bus})
         request.addfinalizer(osworld.close)
         monkeypatch.setattr(lvb.OSWorldGuest, "EXIT_DIR", str(hostile_guest.cwd.parent / "exit-statuses"))
-        d = lvb.LibvirtDesktop(config(base, wait_for_agent=True, guest="http", guest_url=osworld.url,
-                                      ready_command=("true",), guest_python=hostile_guest.python))
+        d = lvb.LibvirtDesktop(
+            config(
+                base,
+                wait_for_agent=True,
+                guest="http",
+                guest_url=osworld.url,
+                ready_command=("true",),
+                guest_python=hostile_guest.python,
+            )
+        )
         calls = lambda: osworld.commands  # noqa: E731
         writes = lambda: [p for p in osworld.seen if p == "/setup/upload"]  # noqa: E731
     before = hostile_guest.files()
@@ -1413,12 +1708,16 @@ def test_a_forged_reader_would_have_been_seen(hostile_guest, guest_bus, monkeypa
     monkeypatch.chdir(hostile_guest.cwd)
     env = {**hostile_guest.env, "DBUS_SESSION_BUS_ADDRESS": guest_bus}
     args = ["tree", guest_bus, "kalgebra"]
-    for argv in ([hostile_guest.python, "a11y.py", *args], [hostile_guest.python, "-c", lvb.A11Y_SOURCE, *args],
-                 lvb.reader_argv("python3", lvb.A11Y_SOURCE, args)):
+    for argv in (
+        [hostile_guest.python, "a11y.py", *args],
+        [hostile_guest.python, "-c", lvb.A11Y_SOURCE, *args],
+        lvb.reader_argv("python3", lvb.A11Y_SOURCE, args),
+    ):
         p = subprocess.run(argv, env=env, capture_output=True, timeout=60)
         assert p.returncode == 0 and p.stdout.decode() == FORGED_TREE, (argv[:2], p.stderr[-300:])
         assert hostile_guest.sentinel.exists()
         hostile_guest.sentinel.unlink()
-    p = subprocess.run(lvb.reader_argv(hostile_guest.python, lvb.A11Y_SOURCE, args), env=env, capture_output=True,
-                       timeout=60)
+    p = subprocess.run(
+        lvb.reader_argv(hostile_guest.python, lvb.A11Y_SOURCE, args), env=env, capture_output=True, timeout=60
+    )
     assert (p.returncode, p.stdout, hostile_guest.sentinel.exists()) == (0, b"null", False), p.stderr[-300:]

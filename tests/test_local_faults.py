@@ -5,6 +5,7 @@ the death of any part of a desktop (X server, window manager, session bus, acces
 step with an error naming it and the next reset rebuilds; a frozen X server cannot hang a step; no
 temporary folder outlives the process that made it, however it ends; a bad temporary folder is a clear error.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from Xlib import X, XK, display as xdisplay
+from Xlib import X, display as xdisplay
 
 from coda_env.actions import KEY_ALIASES, KEY_NAMES, ActionError, parse_action
 from coda_env.backends.base import DesktopError
@@ -68,15 +69,19 @@ def test_keys_missing_from_the_keymap_reach_a_window_as_their_keysym():
     desk.start()
     watcher = xdisplay.Display(f":{desk.display}")
     try:
-        win = watcher.screen().root.create_window(0, 0, 640, 400, 0, watcher.screen().root_depth,
-                                                  event_mask=X.KeyPressMask)
+        win = watcher.screen().root.create_window(
+            0, 0, 640, 400, 0, watcher.screen().root_depth, event_mask=X.KeyPressMask
+        )
         win.map()
         watcher.sync()
         assert wait_until(lambda: win.get_attributes().map_state == X.IsViewable, 5)
         win.set_input_focus(X.RevertToParent, X.CurrentTime)
         watcher.sync()
-        names = [n for n in sorted(set(_KEYSYMS) - NO_KEYSYM)
-                 if not list(desk._xlib.keysym_to_keycodes(_KEYSYMS[n])) or n in ("f13", "f24", "volumeup")]
+        names = [
+            n
+            for n in sorted(set(_KEYSYMS) - NO_KEYSYM)
+            if not list(desk._xlib.keysym_to_keycodes(_KEYSYMS[n])) or n in ("f13", "f24", "volumeup")
+        ]
         assert len(names) > len(desk._spare), (len(names), len(desk._spare))  # forces recycling
         for name in names + names[:3]:
             desk.input(parse_action(f"pyautogui.press({name!r})", (640, 400))[0])
@@ -178,6 +183,7 @@ def test_an_action_that_fails_midway_releases_what_it_pressed(monkeypatch):
             if keysym == f20:
                 raise RuntimeError("injected failure")
             return real(keysym)
+
         monkeypatch.setattr(desk, "_keycode", failing)
         with pytest.raises(DesktopError, match="injected failure"):
             desk.input(parse_action("pyautogui.hotkey('ctrl', 'shift', 'f20')", (1280, 800))[0])
@@ -189,8 +195,12 @@ def test_an_action_that_fails_midway_releases_what_it_pressed(monkeypatch):
 
 # ------------------------------------------------------------------------------------ 4. dead parts
 PARTS = {  # what to kill -> what the error must name
-    "xvfb": "X server (Xvfb)", "wm": "window manager (openbox)", "dbus": "session bus (dbus-daemon)",
-    "atspi": "accessibility bus", "a11ybus": "accessibility bus", "app": "kalgebra exited",
+    "xvfb": "X server (Xvfb)",
+    "wm": "window manager (openbox)",
+    "dbus": "session bus (dbus-daemon)",
+    "atspi": "accessibility bus",
+    "a11ybus": "accessibility bus",
+    "app": "kalgebra exited",
 }
 
 
@@ -288,6 +298,7 @@ def _in_thread(fn, timeout: float):
             box["value"] = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the test
             box["error"] = e
+
     t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(timeout)
@@ -337,8 +348,14 @@ if sys.argv[1] == "wait":
 
 
 def _holder(tmp: str, mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", HOLDER, mode], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=str(ROOT), env={**os.environ, "TMPDIR": tmp})
+    return subprocess.Popen(
+        [sys.executable, "-c", HOLDER, mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=str(ROOT),
+        env={**os.environ, "TMPDIR": tmp},
+    )
 
 
 def _coda_entries(tmp: str) -> list[str]:

@@ -1,5 +1,6 @@
 """Model access: a tiny real Qwen2.5-VL through transformers, and the OpenAI-compatible HTTP client against a
 local stand-in server (a stand-in: real vLLM/SGLang need a GPU and weights)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,15 @@ from http.server import ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from coda_agent.models import (DEFAULT_MAX_PIXELS, ModelError, OpenAIVLM, SamplingParams, load_model,
-                               model_image_size, smart_resize)
+from coda_agent.models import (
+    DEFAULT_MAX_PIXELS,
+    ModelError,
+    OpenAIVLM,
+    SamplingParams,
+    load_model,
+    model_image_size,
+    smart_resize,
+)
 
 pytest.importorskip("torch")
 
@@ -23,6 +31,7 @@ from .conftest import JSONHandler
 def tiny_vlm(tmp_path_factory):
     from coda_agent.models import TransformersVLM
     from coda_agent.tiny import build_tiny_qwen2_5_vl
+
     path = build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny") / "qwen2_5_vl")
     return TransformersVLM(path)
 
@@ -32,10 +41,14 @@ def _screen(seed=0, shape=(800, 1280, 3)):
 
 
 def test_tiny_model_batched_generation_with_prefill_and_logprobs(tiny_vlm):
-    convs = [[{"role": "user", "content": [{"type": "image", "image": _screen(0)}, {"type": "text", "text": "hi"}]}],
-             [{"role": "system", "content": "sys"},
-              {"role": "user", "content": [{"type": "image", "image": _screen(1)}, {"type": "text", "text": "go"}]},
-              {"role": "assistant", "content": "Thought: open the console\nAction: "}]]
+    convs = [
+        [{"role": "user", "content": [{"type": "image", "image": _screen(0)}, {"type": "text", "text": "hi"}]}],
+        [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": [{"type": "image", "image": _screen(1)}, {"type": "text", "text": "go"}]},
+            {"role": "assistant", "content": "Thought: open the console\nAction: "},
+        ],
+    ]
     gens = tiny_vlm.generate(convs, SamplingParams(max_new_tokens=12, temperature=1.0, logprobs=True, seed=3))
     assert len(gens) == 2
     for g in gens:
@@ -55,17 +68,26 @@ def test_the_model_never_writes_vision_placeholders(tiny_vlm):
     """A sampled <|image_pad|> (or one typed into a task's text) would break the image-token count when the
     answer is shown again in the next prompt or scored by the trainer: generation suppresses them and the
     template strips them from text."""
-    conv = [{"role": "user", "content": [{"type": "image", "image": _screen(2)},
-                                         {"type": "text", "text": "say <|image_pad|><|vision_start|> now"}]}]
+    conv = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": _screen(2)},
+                {"type": "text", "text": "say <|image_pad|><|vision_start|> now"},
+            ],
+        }
+    ]
     text, _ = tiny_vlm._template(conv)
-    assert text.count("<|image_pad|>") == 1 and text.count("<|vision_start|>") == 1    # only the real image's
+    assert text.count("<|image_pad|>") == 1 and text.count("<|vision_start|>") == 1  # only the real image's
     banned = set(tiny_vlm.banned_token_ids)
     assert len(banned) >= 4
     gens = tiny_vlm.generate([conv] * 8, SamplingParams(max_new_tokens=48, temperature=1.0, seed=0, logprobs=True))
     assert not banned & {t for g in gens for t in g.token_ids}
     # each answer goes back into a conversation as history and still encodes and runs
-    conv2 = conv + [{"role": "assistant", "content": gens[0].text},
-                    {"role": "user", "content": [{"type": "image", "image": _screen(3)}]}]
+    conv2 = conv + [
+        {"role": "assistant", "content": gens[0].text},
+        {"role": "user", "content": [{"type": "image", "image": _screen(3)}]},
+    ]
     enc = tiny_vlm.build_inputs([conv2], [gens[1].token_ids])
     enc.pop("completion_mask")
     assert tiny_vlm.model(**enc).logits.shape[1] == enc["input_ids"].shape[1]
@@ -103,6 +125,7 @@ class _StandIn(JSONHandler):
     """Speaks the part of the OpenAI chat-completions protocol the client uses. Behaviour per model name:
     'ok' answers; 'flaky' fails twice with 503 then answers; 'slow' sleeps past the client timeout; 'bad'
     answers 400."""
+
     seen: list[dict] = []
     failures: dict[str, int] = {}
 
@@ -126,14 +149,27 @@ class _StandIn(JSONHandler):
             time.sleep(1.0)
         last = body["messages"][-1]
         text = "Action: DONE" if last["role"] == "user" else "click(start_box='(10,20)')"
-        self._send(200, {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {
-            "role": "assistant", "content": text}, "logprobs": {"content": [{"token": "a", "logprob": -0.5}]},
-            "finish_reason": "stop"}], "usage": {"prompt_tokens": 42}})
+        self._send(
+            200,
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": {"content": [{"token": "a", "logprob": -0.5}]},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 42},
+            },
+        )
 
 
 class _Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
-        pass                                         # the 'slow' client hung up first: expected
+        pass  # the 'slow' client hung up first: expected
 
 
 @pytest.fixture
@@ -148,13 +184,15 @@ def stand_in():
 
 
 def _conv(prefill=False):
-    c = [{"role": "user", "content": [{"type": "text", "text": "task"}, {"type": "image", "image": _screen()[:50, :80]}]}]
+    c = [
+        {"role": "user", "content": [{"type": "text", "text": "task"}, {"type": "image", "image": _screen()[:50, :80]}]}
+    ]
     return c + [{"role": "assistant", "content": "Thought: t\nAction: "}] if prefill else c
 
 
 def test_http_batch_images_prefill_and_model_discovery(stand_in, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    vlm = load_model(stand_in)                       # no model name: asks GET /v1/models
+    vlm = load_model(stand_in)  # no model name: asks GET /v1/models
     gens = vlm.generate([_conv(), _conv(prefill=True)], SamplingParams(max_new_tokens=5, logprobs=True))
     assert [g.text for g in gens] == ["Action: DONE", "click(start_box='(10,20)')"]
     assert gens[0].logprobs == [-0.5] and gens[0].prompt_tokens == 42 and vlm.name == "ok"
@@ -174,7 +212,7 @@ def test_http_retries_transient_errors(stand_in):
 def test_http_client_errors_are_clear(stand_in):
     with pytest.raises(ModelError, match="refused the request: HTTP 400.*max_tokens"):
         OpenAIVLM(stand_in, model="bad", backoff=0.01).generate([_conv()], SamplingParams())
-    assert len(_StandIn.seen) == 1                   # a 400 is not retried
+    assert len(_StandIn.seen) == 1  # a 400 is not retried
     with pytest.raises(ModelError, match="did not answer after 2 tries: timed out"):
         OpenAIVLM(stand_in, model="slow", timeout=0.2, retries=1, backoff=0.01).generate([_conv()], SamplingParams())
 
@@ -182,7 +220,7 @@ def test_http_client_errors_are_clear(stand_in):
 def test_dead_endpoint_says_so():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]                    # closed again: nothing listens there
+        port = s.getsockname()[1]  # closed again: nothing listens there
     vlm = OpenAIVLM(f"http://127.0.0.1:{port}", model="m", retries=1, backoff=0.01)
     with pytest.raises(ModelError, match=r"did not answer after 2 tries.*is the vLLM/SGLang server running"):
         vlm.generate([_conv()], SamplingParams())

@@ -6,6 +6,7 @@ behind (a sentinel file that does not appear, a connection a host server never r
 does not survive) and by the app's own output (files its commands wrote in the app's home). A canary key
 sits in this process's environment, as a user's API key would.
 """
+
 from __future__ import annotations
 
 import os
@@ -91,8 +92,9 @@ def _assert_sealed(desktop: LocalDesktop) -> None:
             assert os.readlink(f"/proc/{pid}/ns/pid") != mine_pid, "the sandbox shares the host's PIDs"
         view = Path(f"/proc/{app}/root")
         assert (view / "usr" / "bin").is_dir() and (view / home).is_dir()
-        assert not (view / str(ROOT).lstrip("/")).exists() or not any((view / str(ROOT).lstrip("/")).iterdir()), \
+        assert not (view / str(ROOT).lstrip("/")).exists() or not any((view / str(ROOT).lstrip("/")).iterdir()), (
             "the project tree is visible to the app"
+        )
         root_home = view / "root"
         assert not root_home.exists() or not any(root_home.iterdir()), "the user's home is visible to the app"
 
@@ -145,8 +147,9 @@ setsid sh -c 'exec -a {marker} sleep 300' > /dev/null 2>&1 &
         listener.close()
     assert listener.hits == 0
     # nothing started in the sandbox outlives the desktop, setsid included
-    assert wait_until(lambda: not any(marker.encode() in _cmdline(p) for p in _pids()), 5), \
+    assert wait_until(lambda: not any(marker.encode() in _cmdline(p) for p in _pids()), 5), (
         "a setsid process of the sandbox outlived its desktop"
+    )
 
 
 def _pids() -> list[int]:
@@ -178,6 +181,7 @@ def test_sandbox_false_runs_unsealed_and_a_missing_bwrap_is_one_line(monkeypatch
 def test_the_window_manager_runs_nothing():
     """openbox's stock bindings open a terminal (root menu) or run commands; ours have none."""
     from coda_env.backends.local import _openbox_rc
+
     text = _openbox_rc(Path("/etc/xdg/openbox/rc.xml").read_text(), "/m.xml", "")
     for word in ("Execute", "root-menu", "GoToDesktop", "<keybind"):
         assert word not in text
@@ -186,6 +190,7 @@ def test_the_window_manager_runs_nothing():
 # --------------------------------------------------------------------------------------- KAlgebra
 def test_kalgebra_runs_sealed_and_still_scores(kalgebra_env):
     from .conftest import run_solution
+
     rewards, term, trunc, info = run_solution(kalgebra_env, "calc_power")
     assert rewards[-1] == 1.0, info
     kalgebra_env.reset(options={"task": "calc_power"})
@@ -216,9 +221,12 @@ def test_grass_console_reaches_nothing_and_cannot_forge_the_state():
         env.reset(options={"task": "layer_opacity_half"})
         home = Path(env.unwrapped._home)
         _assert_sealed(env.unwrapped.desktop)
-        _console(env, f"sh -c 'id -u > $HOME/probe_uid; env > $HOME/probe_env; touch {sentinel}; "
-                      f"bash -c \"exec 3<>/dev/tcp/127.0.0.1/{listener.port}\" 2> $HOME/probe_net; "
-                      f"rm -f $HOME/*sock; setsid sh -c \"exec -a {marker} sleep 300\" &'")
+        _console(
+            env,
+            f"sh -c 'id -u > $HOME/probe_uid; env > $HOME/probe_env; touch {sentinel}; "
+            f'bash -c "exec 3<>/dev/tcp/127.0.0.1/{listener.port}" 2> $HOME/probe_net; '
+            f'rm -f $HOME/*sock; setsid sh -c "exec -a {marker} sleep 300" &\'',
+        )
         assert wait_until(lambda: home.joinpath("probe_net").exists(), 20), "the console ran nothing"
         assert home.joinpath("probe_uid").read_text().strip() != "0"
         assert CANARY not in home.joinpath("probe_env").read_text()
@@ -236,11 +244,13 @@ def test_grass_console_reaches_nothing_and_cannot_forge_the_state():
 
 
 # --------------------------------------------------------------------------------------- TeXstudio
-HOSTILE_TEX = ("% !TeX TXS-program:compile = txs:///pdflatex/[--shell-escape]\n"
-               "\\documentclass{article}\\begin{document}\n"
-               "\\immediate\\write18{id > probe-escape}\n"
-               "Host: \\input{/etc/hostname}\n"
-               "\\end{document}\n")
+HOSTILE_TEX = (
+    "% !TeX TXS-program:compile = txs:///pdflatex/[--shell-escape]\n"
+    "\\documentclass{article}\\begin{document}\n"
+    "\\immediate\\write18{id > probe-escape}\n"
+    "Host: \\input{/etc/hostname}\n"
+    "\\end{document}\n"
+)
 
 
 @needs_texstudio
@@ -280,8 +290,7 @@ def test_texstudio_empty_pdf_does_not_pass_build_pdf():
         obs, r, term, trunc, info = env.step("DONE")
         assert r == 0.0 and "not a PDF" in str(info.get("checks")), info
         env.reset(options={"task": "build_pdf"})
-        env.unwrapped.desktop.write_file(os.path.join(env.unwrapped._home, "atelier", "main.pdf"),
-                                         b"%PDF-1.4\n%%EOF\n")
+        env.unwrapped.desktop.write_file(os.path.join(env.unwrapped._home, "atelier", "main.pdf"), b"%PDF-1.4\n%%EOF\n")
         obs, r, term, trunc, info = env.step("DONE")
         assert r == 0.0, info
     finally:
@@ -296,7 +305,7 @@ def test_closing_the_app_leaves_no_way_out_on_the_desktop():
     try:
         obs, _ = env.reset(options={"task": "calc_power"})
         d = env.unwrapped.desktop
-        env.step("pyautogui.click(1237, 9)")   # openbox's iconify button, top right
+        env.step("pyautogui.click(1237, 9)")  # openbox's iconify button, top right
         obs = env.step("WAIT")[0]
         assert (obs["screenshot"][100:700, 100:1000] == obs["screenshot"][400, 600]).all(), "the app still shows"
         before = set(d.pids())
@@ -327,10 +336,11 @@ def test_a_second_app_of_the_same_name_is_never_read_in_the_apps_place(kalgebra_
     os.mkdir(home)
     impostor = d.spawn(["kalgebra"], env={"HOME": home, "QT_QUICK_BACKEND": "software"}, cwd=home)
     try:
-        assert wait_until(lambda: sum(a.name == "kalgebra" for a in client.applications()) == 2, 20), \
+        assert wait_until(lambda: sum(a.name == "kalgebra" for a in client.applications()) == 2, 20), (
             "the second KAlgebra did not register"
+        )
         assert client.application("kalgebra").bus == first.bus
-        env.desktop.kill_group(env.procs["kalgebra"])   # the app itself gone: nothing is read in its place
+        env.desktop.kill_group(env.procs["kalgebra"])  # the app itself gone: nothing is read in its place
         assert wait_until(lambda: client.application("kalgebra") is None, 10)
     finally:
         d.kill_group(impostor)
@@ -356,16 +366,33 @@ def test_as_a_plain_user_the_sandbox_keeps_the_users_uid_and_allows_no_namespace
     further user namespace can be made inside (--disable-userns)."""
     import json
     import sys
+
     py = "/usr/bin/python3"
     ver = subprocess.run([py, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
     if ver.stdout.strip() != str(tuple(sys.version_info[:2])):
         pytest.skip("Debian's python3 is another version than this venv's: it cannot load the venv's packages")
     site = next(p for p in sys.path if p.endswith("site-packages") and ".venv" in p)
-    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "HOME=/tmp", py,
-                        "-c", NONROOT, str(ROOT), site], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "env",
+            "HOME=/tmp",
+            py,
+            "-c",
+            NONROOT,
+            str(ROOT),
+            site,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr[-500:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["probe"] is None and got["rc"] == 0, got
     assert got["out"][0] == "65534" and "wrote" in got["out"], got
     assert "userns-refused" in got["out"], got
-    assert "No such file" in got["out"][2], got   # the user's home (root's here) is not there at all
+    assert "No such file" in got["out"][2], got  # the user's home (root's here) is not there at all

@@ -5,6 +5,7 @@ oracle (1.0) and DONE at once (0.0) on the real KAlgebra under Xvfb, through gym
 The files are ScienceBoard's published ones, found through SCIENCEBOARD_DIR (default: ../shared/scienceboard
 beside the repository); without them these tests are skipped, saying why.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ from coda_env.tasks import TaskError
 
 from .conftest import run_solution
 
-SB_DIR = Path(os.environ.get("SCIENCEBOARD_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "scienceboard")
+SB_DIR = Path(
+    os.environ.get("SCIENCEBOARD_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "scienceboard"
+)
 SRC = SB_DIR / "tasks" / "VM" / "KAlgebra"
 if not SRC.is_dir():
     _why = f"ScienceBoard's KAlgebra task files are not at {SRC} (set SCIENCEBOARD_DIR to a ScienceBoard checkout)"
@@ -31,9 +34,9 @@ if not SRC.is_dir():
 
 # What the translation must refuse, each with the words of its reason (measured on Debian's KAlgebra 22.12).
 REFUSED = {
-    "A-01": "real part",          # wants the text 1+-i; the Variables panel shows only real parts
+    "A-01": "real part",  # wants the text 1+-i; the Variables panel shows only real parts
     "B-02": "built-in constant",  # wants euler removed; no GUI removes a variable
-    "B-04": "'color'",            # curve colour, resolution and 3D style are not in the AT-SPI state
+    "B-04": "'color'",  # curve colour, resolution and 3D style are not in the AT-SPI state
     "B-05": "'res'",
     "B-06": "'style'",
     "C-09": "user-defined function",  # the plot is to call the script's r(2)
@@ -78,28 +81,36 @@ def test_mapping_of_each_kind():
     assert t["B-03"]["initialize"] == [{"func": "tab", "index": 1}, {"func": "func_2d", "expr": "q->6*sin(3*q)"}]
     assert t["B-03"]["evaluate"] == [{"type": "eqn", "count": 0}]
     assert t["C-03"]["evaluate"] == [{"type": "answer", "number": 46368.0, "tol": 1e-6}]
-    assert t["C-05"]["initialize"] == [{"func": "write_file", "path": "script.kal",
-                                        "content": "a := vector{-1, root(3, 3)}"}]
+    assert t["C-05"]["initialize"] == [
+        {"func": "write_file", "path": "script.kal", "content": "a := vector{-1, root(3, 3)}"}
+    ]
     assert t["C-01"]["evaluate"] == [{"type": "val", "name": "p", "value": 1.58496250072, "tol": 1e-6}]
-    eqn = t["C-17"]["evaluate"][0]      # (0, -0.0, 1) and (0, 0, 1) are both kept, each with its result
+    eqn = t["C-17"]["evaluate"][0]  # (0, -0.0, 1) and (0, 0, 1) are both kept, each with its result
     assert eqn["dim"] == 3 and eqn["tol"] == 1e-4 and len(eqn["points"]) == 10
     assert [0, -0.0, 1, True] in eqn["points"] and [0, 0, 1, True] in eqn["points"]
     assert t["B-07"]["evaluate"][0]["points"][0] == [-21.11, -24.99, 10, False]
 
 
 def _sb(**kw) -> dict:
-    base = {"type": "KAlgebra", "instruction": "Do a thing in KAlgebra.", "steps": 5,
-            "initialize": [{"func": "launch", "wait": 2.5, "command": "kalgebra", "shell": True}],
-            "evaluate": [{"type": "val", "key": "p", "value": 1.0}]}
+    base = {
+        "type": "KAlgebra",
+        "instruction": "Do a thing in KAlgebra.",
+        "steps": 5,
+        "initialize": [{"func": "launch", "wait": 2.5, "command": "kalgebra", "shell": True}],
+        "evaluate": [{"type": "val", "key": "p", "value": 1.0}],
+    }
     return {**base, **kw}
 
 
-@pytest.mark.parametrize("path, words", [
-    ("/etc/profile.d/x.sh", "outside the home folder"),
-    ("/home/user/../../etc/x", "outside the home folder"),
-    ("/root/script.kal", "outside the home folder"),
-    ("script.kal", "not absolute"),
-])
+@pytest.mark.parametrize(
+    "path, words",
+    [
+        ("/etc/profile.d/x.sh", "outside the home folder"),
+        ("/home/user/../../etc/x", "outside the home folder"),
+        ("/root/script.kal", "outside the home folder"),
+        ("script.kal", "not absolute"),
+    ],
+)
 def test_touch_outside_home_is_refused(path, words):
     with pytest.raises(TaskError, match=words):
         convert(_sb(initialize=[{"func": "touch", "path": path, "text": "x := 1"}]), "t.json")
@@ -125,8 +136,9 @@ def test_hostile_files_are_refused_and_not_run(tmp_path):
     src.mkdir()
     hostile = {
         "exec.json": _sb(initialize=[{"func": "execute", "command": ["sh", "-c", shell], "shell": True}]),
-        "lambda.json": _sb(evaluate=[{"type": "predicate",
-                                      "expr": f"lambda dump: __import__('os').system({shell!r}) == 0"}]),
+        "lambda.json": _sb(
+            evaluate=[{"type": "predicate", "expr": f"lambda dump: __import__('os').system({shell!r}) == 0"}]
+        ),
         "attr.json": _sb(evaluate=[{"type": "predicate", "expr": "lambda dump: dump.__class__ == 1"}]),
     }
     for name, sb in hostile.items():
@@ -169,14 +181,27 @@ def test_oracle_scores_one_and_done_zero(sb_env, stem):
 
 def test_coda_eval_oracle_names_the_origin(out, tmp_path, capsys):
     run = tmp_path / "run"
-    rc = coda(["eval", "--tasks-dir", str(out / "kalgebra"), "--agent", "oracle", "--tasks", *EVAL_SAMPLE,
-               "--out", str(run), "--quiet"])
+    rc = coda(
+        [
+            "eval",
+            "--tasks-dir",
+            str(out / "kalgebra"),
+            "--agent",
+            "oracle",
+            "--tasks",
+            *EVAL_SAMPLE,
+            "--out",
+            str(run),
+            "--quiet",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     results = json.loads((run / "results.json").read_text())
     assert {e["task"] for e in results["episodes"]} == set(EVAL_SAMPLE)
     assert all(e["origin"] == f"scienceboard:KAlgebra/{e['task'][3:]}" and e["success"] for e in results["episodes"])
-    assert results["summary"]["by_origin"] == {"scienceboard:KAlgebra": {"n": len(EVAL_SAMPLE),
-                                                                          "success": len(EVAL_SAMPLE), "rate": 1.0}}
+    assert results["summary"]["by_origin"] == {
+        "scienceboard:KAlgebra": {"n": len(EVAL_SAMPLE), "success": len(EVAL_SAMPLE), "rate": 1.0}
+    }
     assert "origin:scienceboard:KAlgebra" in capsys.readouterr().out
     assert "scienceboard:KAlgebra/C-05" in (run / "report" / "index.html").read_text()
 

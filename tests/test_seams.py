@@ -1,6 +1,7 @@
 """The agent's seams (issue 24 item 6): the leaf types module, the one retry-until-parsed helper, the one agent
 factory, and samples that carry their own group key and reward. Fast tier: FAKE scripted models and the FAKE
 env where a model's words or an app do not matter, tiny real transformers models where loading does."""
+
 from __future__ import annotations
 
 import ast
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class ScriptedVLM:
     """A FAKE model: answers each conversation with the next text of its script, and records the batches."""
+
     name, min_pixels, max_pixels = "scripted", 56 * 56, 64 * 28 * 28
 
     def __init__(self, answers):
@@ -34,6 +36,7 @@ def test_types_is_a_leaf_and_the_old_names_still_work():
     relative = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
     assert not relative and not [m for m in imported if m.startswith("coda")], imported
     from coda_agent import policy, rollout, types
+
     assert rollout.Sample is types.Sample and policy.Sample is types.Sample
     assert policy.AgentStep is types.AgentStep and policy.Agent is types.Agent
 
@@ -46,8 +49,9 @@ def test_generate_until_parsed_resamples_only_the_failures_together():
         if not text.startswith("ok"):
             raise ValueError(f"not ok: {text}")
         return int(text.split()[1])
+
     out = generate_until_parsed(model, [[], [], []], SamplingParams(), parse, tries=3)
-    assert model.batches == [3, 2, 1]                       # the two failures together, then the last one
+    assert model.batches == [3, 2, 1]  # the two failures together, then the last one
     assert [[a.number for a in tries] for tries in out] == [[1], [1, 2], [1, 2, 3]]
     assert out[0][-1].value == 1 and out[1][-1].value == 2
     assert not out[2][-1].ok and out[2][-1].error == "not ok: bad"
@@ -60,14 +64,15 @@ def test_executor_and_uitars_agent_retry_through_the_helper():
 
     from coda_agent.executor import Executor
     from coda_agent.policy import UITarsAgent
+
     shot = np.zeros((800, 1280, 3), np.uint8)
     ex = Executor(ScriptedVLM(["gibberish", "click(start_box='(10,10)')"]), tries=3)
-    res, = ex.execute([("task", "Click it", shot)])
+    (res,) = ex.execute([("task", "Click it", shot)])
     assert res.action is not None and res.action.startswith("pyautogui.click(")
     assert len(res.calls) == 2 and res.parse_errors[0].startswith("executor try 1:")
     agent = UITarsAgent(ScriptedVLM(["nonsense", "Thought: t\nAction: hotkey(key='ctrl c')"]), tries=2)
     agent.reset(0, type("T", (), {"instruction": "x"})())
-    step, = agent.act([(0, {"screenshot": shot})])
+    (step,) = agent.act([(0, {"screenshot": shot})])
     assert step.action == "pyautogui.hotkey('ctrl', 'c')" and step.thought == "t"
     assert [c["attempt"] for c in step.calls] == [1, 2] and len(step.parse_errors) == 1
 
@@ -75,6 +80,7 @@ def test_executor_and_uitars_agent_retry_through_the_helper():
 class _TaggingAgent:
     """A FAKE agent whose planner sample carries its own group key and reward (a step-level method's), and
     whose executor sample leaves them to the rollout."""
+
     name = "tagging"
 
     def reset(self, slot, task):
@@ -82,8 +88,13 @@ class _TaggingAgent:
 
     def act(self, batch):
         from coda_agent.types import AgentStep, Sample
-        return [AgentStep("DONE", samples=[Sample("planner", [], [1], group="state-7", reward=1.5),
-                                           Sample("executor", [], [2])]) for _ in batch]
+
+        return [
+            AgentStep(
+                "DONE", samples=[Sample("planner", [], [1], group="state-7", reward=1.5), Sample("executor", [], [2])]
+            )
+            for _ in batch
+        ]
 
 
 @fast
@@ -93,20 +104,32 @@ def test_samples_keep_their_own_group_and_reward_and_tag_step_sees_each_step():
     from coda_agent.rollout import collect_groups
     from coda_agent.train import common
     from tests.fakes import FAKE_ENV_ID
-    envs = gym.make_vec(FAKE_ENV_ID, num_envs=1, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
+
+    envs = gym.make_vec(
+        FAKE_ENV_ID,
+        num_envs=1,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+    )
     seen = []
     try:
         tasks = common.probe_env(FAKE_ENV_ID).tasks
-        rollouts = collect_groups(envs, _TaggingAgent(), tasks, ["fake_answer"], 2, seed=0,
-                                  tag_step=lambda r, n, step, info: seen.append((r.task, n, len(step.samples))))
+        rollouts = collect_groups(
+            envs,
+            _TaggingAgent(),
+            tasks,
+            ["fake_answer"],
+            2,
+            seed=0,
+            tag_step=lambda r, n, step, info: seen.append((r.task, n, len(step.samples))),
+        )
     finally:
         envs.close()
     assert seen == [("fake_answer", 1, 2)] * 2
     for r in rollouts:
         planner, executor = r.samples
-        assert (planner.group, planner.reward) == ("state-7", 1.5)           # its own, kept
-        assert (executor.group, executor.reward) == (r.group, r.reward)      # filled from the episode
+        assert (planner.group, planner.reward) == ("state-7", 1.5)  # its own, kept
+        assert (executor.group, executor.reward) == (r.group, r.reward)  # filled from the episode
 
 
 @fast
@@ -115,6 +138,7 @@ def test_trainers_build_agents_through_the_one_factory(tmp_path, monkeypatch):
     from coda_agent.models import TransformersVLM
     from coda_agent.tiny import build_tiny_qwen2_5_vl
     from coda_agent.train import common
+
     calls = []
     real = policy.make_agent
     monkeypatch.setattr(policy, "make_agent", lambda *a, **k: calls.append((a, k)) or real(*a, **k))

@@ -4,6 +4,7 @@ from its words; and the stored prompt == the live agent's prompt at that step, t
 real Qwen2.5-VL (coda_agent.tiny), for run-folder states and oracle states. The live runs' planner is a
 scripted stand-in endpoint (fixed plans; what is tested is the prompt the agent builds, the env and the
 a11y executor are real)."""
+
 from __future__ import annotations
 
 import json
@@ -32,30 +33,41 @@ ORACLE_TASKS = ["tab_3d_graph", "calc_factorial_10", "plot_parabola", "calc_swap
 @fast
 def test_split_action_gives_executor_sized_steps():
     code = "pyautogui.click(500, 751)\npyautogui.write('f:=factorial(10)')\npyautogui.press('enter')"
-    assert states.split_action(code) == ["pyautogui.click(500, 751)",
-                                         "pyautogui.write('f:=factorial(10)')\npyautogui.press('enter')"]
+    assert states.split_action(code) == [
+        "pyautogui.click(500, 751)",
+        "pyautogui.write('f:=factorial(10)')\npyautogui.press('enter')",
+    ]
     # sleeps are no step of their own: performed with the step around them, never in a label
     code = "time.sleep(1)\npyautogui.hotkey('ctrl', 'a')\npyautogui.write('x')\ntime.sleep(0.5)"
     assert states.split_action(code) == ["pyautogui.hotkey('ctrl', 'a')", "pyautogui.write('x')"]
     assert states._pieces(code, (1280, 800)) == [
         ("pyautogui.hotkey('ctrl', 'a')", "time.sleep(1.0)\npyautogui.hotkey('ctrl', 'a')"),
-        ("pyautogui.write('x')", "pyautogui.write('x')\ntime.sleep(0.5)")]
+        ("pyautogui.write('x')", "pyautogui.write('x')\ntime.sleep(0.5)"),
+    ]
     assert states.split_action("time.sleep(1)") == []
-    assert states.split_action("pyautogui.moveTo(1, 2)\npyautogui.dragTo(30, 40)") == \
-        ["pyautogui.moveTo(1, 2)\npyautogui.dragTo(30, 40)"]
+    assert states.split_action("pyautogui.moveTo(1, 2)\npyautogui.dragTo(30, 40)") == [
+        "pyautogui.moveTo(1, 2)\npyautogui.dragTo(30, 40)"
+    ]
     assert states.split_action("DONE") == ["DONE"]
 
 
 @fast
 def test_describe_action_names_the_element_or_the_point():
-    els = parse_table(table_text([("page tab", "3D Graph", "", (167, 39, 82, 27), {"showing"}),
-                                  ("text", "", "", (11, 737, 996, 30), {"showing"}),
-                                  ("frame", "Variables", "", (1024, 39, 256, 739), {"showing"})]))
+    els = parse_table(
+        table_text(
+            [
+                ("page tab", "3D Graph", "", (167, 39, 82, 27), {"showing"}),
+                ("text", "", "", (11, 737, 996, 30), {"showing"}),
+                ("frame", "Variables", "", (1024, 39, 256, 739), {"showing"}),
+            ]
+        )
+    )
     assert states.describe_action("pyautogui.click(207, 53)", els) == "Click the '3D Graph' tab"
     assert states.describe_action("pyautogui.doubleClick(500, 751)", els) == "Double-click the input field"
-    assert states.describe_action("pyautogui.click(1100, 500)", els) == "Click at (1100, 500)"   # a frame: no target
-    assert states.describe_action("pyautogui.write(\"it's\")\npyautogui.press('enter')") == \
-        "Type \"it's\" and press enter"
+    assert states.describe_action("pyautogui.click(1100, 500)", els) == "Click at (1100, 500)"  # a frame: no target
+    assert (
+        states.describe_action("pyautogui.write(\"it's\")\npyautogui.press('enter')") == 'Type "it\'s" and press enter'
+    )
     assert states.describe_action("pyautogui.hotkey('ctrl', 'a')") == "Press ctrl+a"
     assert states.describe_action("ANS 81") == "ANS 81"
     assert states.target_element("pyautogui.click(1100, 500)", els, (1280, 800)) is None
@@ -68,13 +80,29 @@ def _frame(seed: int) -> np.ndarray:
 
 def _made_records() -> list[dict]:
     shots = [states._png(_frame(i)) for i in range(4)]
-    hist = [{"thought": "t1", "action": "Click the '2D Graph' tab"}, {"thought": "", "action": "Press enter"},
-            {"thought": "t3", "action": "pyautogui.write('x')"}]
-    return [states._record(id=f"made:{k}", app="kalgebra", task="made", step=k + 1, source="oracle",
-                           instruction="Do it.", history=hist[:k], images=shots[max(0, k - 2):k + 1],
-                           target="pyautogui.click(207, 53)" if k < 3 else "DONE",
-                           box=(167, 39, 248, 65) if k < 3 else None, radius=20.0, screen=(1280, 800),
-                           a11y="role\tname\nx\ty" if k == 0 else "") for k in range(4)]
+    hist = [
+        {"thought": "t1", "action": "Click the '2D Graph' tab"},
+        {"thought": "", "action": "Press enter"},
+        {"thought": "t3", "action": "pyautogui.write('x')"},
+    ]
+    return [
+        states._record(
+            id=f"made:{k}",
+            app="kalgebra",
+            task="made",
+            step=k + 1,
+            source="oracle",
+            instruction="Do it.",
+            history=hist[:k],
+            images=shots[max(0, k - 2) : k + 1],
+            target="pyautogui.click(207, 53)" if k < 3 else "DONE",
+            box=(167, 39, 248, 65) if k < 3 else None,
+            radius=20.0,
+            screen=(1280, 800),
+            a11y="role\tname\nx\ty" if k == 0 else "",
+        )
+        for k in range(4)
+    ]
 
 
 @fast
@@ -87,8 +115,9 @@ def test_dataset_round_trip_keeps_every_column(tmp_path):
     for rec, row in zip(recs, ds):
         for col in states.COLUMNS:
             if col == "images":
-                assert [np.asarray(im.convert("RGB")).tobytes() for im in row["images"]] == \
-                    [states._array(im).tobytes() for im in rec["images"]]
+                assert [np.asarray(im.convert("RGB")).tobytes() for im in row["images"]] == [
+                    states._array(im).tobytes() for im in rec["images"]
+                ]
             else:
                 assert row[col] == rec[col], col
     assert ds.features["images"].feature.__class__.__name__ == "Image"
@@ -97,14 +126,19 @@ def test_dataset_round_trip_keeps_every_column(tmp_path):
 @fast
 def test_planner_conversation_is_the_planners_own():
     recs = _made_records()
-    rec = recs[3]                                 # 3 earlier turns, screenshots of the last 2 stored
+    rec = recs[3]  # 3 earlier turns, screenshots of the last 2 stored
     conv = states.planner_conversation(rec)
-    turns = [Turn(None, "t1", "Click the '2D Graph' tab"), Turn(_frame(1), "", "Press enter"),
-             Turn(_frame(2), "t3", "pyautogui.write('x')")]
+    turns = [
+        Turn(None, "t1", "Click the '2D Graph' tab"),
+        Turn(_frame(1), "", "Press enter"),
+        Turn(_frame(2), "t3", "pyautogui.write('x')"),
+    ]
     want = Planner(None, "kalgebra", history_images=2).conversation("Do it.", turns, _frame(3))
     assert _same(conv, want)
-    assert _same(states.planner_conversation(rec, history_images=1),
-                 Planner(None, "kalgebra", history_images=1).conversation("Do it.", turns, _frame(3)))
+    assert _same(
+        states.planner_conversation(rec, history_images=1),
+        Planner(None, "kalgebra", history_images=1).conversation("Do it.", turns, _frame(3)),
+    )
     with pytest.raises(ValueError, match="stores 2 earlier screenshots"):
         states.planner_conversation(rec, history_images=3)
     obs = states.state_observation(recs[0])
@@ -141,14 +175,30 @@ def test_data_commands_refuse_bad_input_with_one_line(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def oracle_ds(tmp_path_factory):
     out = tmp_path_factory.mktemp("oracle") / "ds"
-    assert main(["data", "states", "oracle", "--env", "coda/KAlgebra-v0", "--tasks", *ORACLE_TASKS,
-                 "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "states",
+                "oracle",
+                "--env",
+                "coda/KAlgebra-v0",
+                "--tasks",
+                *ORACLE_TASKS,
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def test_oracle_states_of_real_kalgebra(oracle_ds, capsys):
     from coda_agent.a11y_executor import ground
     from coda_agent.train.rewards import action_reward
+
     ds = states.load(oracle_ds)
     assert sorted(set(ds["task"])) == sorted(ORACLE_TASKS) and set(ds["source"]) == {"oracle"}
     for row in ds:
@@ -156,7 +206,7 @@ def test_oracle_states_of_real_kalgebra(oracle_ds, capsys):
         assert len(row["images"]) == min(2, len(hist)) + 1 and row["step"] == len(hist) + 1
         assert row["screen"] == [1280, 800] and row["a11y"].startswith("role\tname")
         if row["target"].startswith("pyautogui.click("):
-            assert len(row["box"]) == 4, row["id"]                  # KAlgebra's clicks all land on elements
+            assert len(row["box"]) == 4, row["id"]  # KAlgebra's clicks all land on elements
         # every label is what the a11y executor makes of its words (the history's words for earlier steps)
         words = states.describe_action(row["target"], parse_table(row["a11y"]))
         got = row["target"] if row["target"] in ("DONE", "FAIL") else ground(words, parse_table(row["a11y"]))
@@ -170,6 +220,7 @@ def test_oracle_states_of_real_kalgebra(oracle_ds, capsys):
 class _Scripted(JSONHandler):
     """A stand-in OpenAI planner endpoint: for the task whose instruction is in the prompt, answers its next
     fixed plan (the step is the number of assistant turns before it)."""
+
     script: dict[str, list[str]] = {}
 
     def do_GET(self):
@@ -177,13 +228,23 @@ class _Scripted(JSONHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        text = "\n".join(p["text"] for m in body["messages"] if m["role"] != "assistant"
-                         for p in (m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}])
-                         if p["type"] == "text")
+        text = "\n".join(
+            p["text"]
+            for m in body["messages"]
+            if m["role"] != "assistant"
+            for p in (m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}])
+            if p["type"] == "text"
+        )
         plans = next(v for k, v in self.script.items() if k in text)
         out = plans[min(sum(m["role"] == "assistant" for m in body["messages"]), len(plans) - 1)]
-        self._send(200, {"id": "x", "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": out}, "finish_reason": "stop"}]})
+        self._send(
+            200,
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": out}, "finish_reason": "stop"}],
+            },
+        )
 
 
 class Recording:
@@ -203,6 +264,7 @@ def _live_run(tmp_path, script: dict[str, list[str]], tasks: list[str]) -> tuple
     from coda_agent.eval import run_eval
     from coda_agent.models import OpenAIVLM
     from coda_agent.policy import make_agent
+
     _Scripted.script = script
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -210,8 +272,7 @@ def _live_run(tmp_path, script: dict[str, list[str]], tasks: list[str]) -> tuple
         planner = Recording(OpenAIVLM(f"http://127.0.0.1:{server.server_address[1]}", model="scripted"))
         agent = make_agent("coda", "kalgebra", planner=planner, executor="a11y", history_images=2)
         out = tmp_path / "run"
-        run_eval("coda/KAlgebra-v0", agent, out, tasks, env_kwargs={"a11y_tree": True, "max_steps": 6},
-                 progress=False)
+        run_eval("coda/KAlgebra-v0", agent, out, tasks, env_kwargs={"a11y_tree": True, "max_steps": 6}, progress=False)
     finally:
         server.shutdown()
     return out, planner.convs
@@ -229,6 +290,7 @@ def _step_of(conv) -> int:
 def tiny(tmp_path_factory):
     from coda_agent.models import TransformersVLM
     from coda_agent.tiny import build_tiny_qwen2_5_vl
+
     return TransformersVLM(build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny") / "m"))
 
 
@@ -239,12 +301,18 @@ def _ids(vlm, conv):
 def test_run_states_prompts_are_the_live_prompts(tmp_path, tiny):
     """A live run (2 tasks solved, 1 failed): the successful episodes' states, stored and loaded back, rebuild
     the planner's prompt exactly: the same token ids and the same pixels as the live agent's at each step."""
-    script = {"3D Graph tab": ["Thought: The Calculator tab is open.\nAction: Click the 'Graph 3D' tab",
-                               "Thought: The 3D Graph tab is shown.\nAction: DONE"],
-              "factorial of 10": ["Thought: The console is empty.\nAction: Click the input line at the bottom",
-                                  "Thought: It has focus.\nAction: Type 'f:=factorial(10)' and press enter",
-                                  "Thought: Stored.\nAction: DONE"],
-              "3 to the power of 4": ["Thought: Nothing to do.\nAction: DONE"]}          # fails its checks
+    script = {
+        "3D Graph tab": [
+            "Thought: The Calculator tab is open.\nAction: Click the 'Graph 3D' tab",
+            "Thought: The 3D Graph tab is shown.\nAction: DONE",
+        ],
+        "factorial of 10": [
+            "Thought: The console is empty.\nAction: Click the input line at the bottom",
+            "Thought: It has focus.\nAction: Type 'f:=factorial(10)' and press enter",
+            "Thought: Stored.\nAction: DONE",
+        ],
+        "3 to the power of 4": ["Thought: Nothing to do.\nAction: DONE"],
+    }  # fails its checks
     run, live = _live_run(tmp_path, script, ["tab_3d_graph", "calc_factorial_10", "calc_power"])
     rep: dict = {}
     states.build(states.run_states(run, report=rep), tmp_path / "ds")
@@ -257,22 +325,41 @@ def test_run_states_prompts_are_the_live_prompts(tmp_path, tiny):
         conv = by_key[(f"Task: {row['instruction']}", row["step"])]
         a, b = _ids(tiny, states.planner_conversation(row)), _ids(tiny, conv)
         assert torch.equal(a["input_ids"], b["input_ids"]), row["id"]
-        assert torch.equal(a["pixel_values"], b["pixel_values"]) and torch.equal(a["image_grid_thw"],
-                                                                                   b["image_grid_thw"])
+        assert torch.equal(a["pixel_values"], b["pixel_values"]) and torch.equal(
+            a["image_grid_thw"], b["image_grid_thw"]
+        )
     # --judge URL decides success instead of the checks: a judge that says yes keeps the failed episode too
     from .test_judge import _StandIn
+
     judge = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
     threading.Thread(target=judge.serve_forever, daemon=True).start()
     try:
-        assert main(["data", "states", str(run), "--judge", f"http://127.0.0.1:{judge.server_address[1]}",
-                     "--out", str(tmp_path / "judged"), "--quiet"]) == 0
+        assert (
+            main(
+                [
+                    "data",
+                    "states",
+                    str(run),
+                    "--judge",
+                    f"http://127.0.0.1:{judge.server_address[1]}",
+                    "--out",
+                    str(tmp_path / "judged"),
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
     finally:
         judge.shutdown()
-    assert sorted(states.load(tmp_path / "judged")["task"]) == ["calc_factorial_10"] * 3 + ["calc_power"] + \
-        ["tab_3d_graph"] * 2
+    assert (
+        sorted(states.load(tmp_path / "judged")["task"])
+        == ["calc_factorial_10"] * 3 + ["calc_power"] + ["tab_3d_graph"] * 2
+    )
     factorial = [json.loads(r["history"]) for r in ds if r["task"] == "calc_factorial_10"]
-    assert factorial[-1] == [{"thought": "The console is empty.", "action": "Click the input line at the bottom"},
-                             {"thought": "It has focus.", "action": "Type 'f:=factorial(10)' and press enter"}]
+    assert factorial[-1] == [
+        {"thought": "The console is empty.", "action": "Click the input line at the bottom"},
+        {"thought": "It has focus.", "action": "Type 'f:=factorial(10)' and press enter"},
+    ]
 
 
 def test_oracle_states_prompts_are_the_live_prompts(tmp_path, oracle_ds, tiny):

@@ -1,4 +1,5 @@
 """Task files: the shipped suite loads; malformed files fail naming the file, the field and the problem."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,14 @@ from coda_env.tasks import TaskError, load_task_file, load_tasks
 
 pytestmark = pytest.mark.fast  # pure logic: no X server
 
-GOOD = {"id": "t", "app": "kalgebra", "instruction": "Do it.", "steps": 3,
-        "evaluate": [{"type": "var", "name": "a", "value": "1"}], "solution": ["DONE"]}
+GOOD = {
+    "id": "t",
+    "app": "kalgebra",
+    "instruction": "Do it.",
+    "steps": 3,
+    "evaluate": [{"type": "var", "name": "a", "value": "1"}],
+    "solution": ["DONE"],
+}
 
 
 def test_shipped_suite_loads():
@@ -23,34 +30,37 @@ def test_shipped_suite_loads():
     assert {t.difficulty for t in tasks.values()} == {"easy", "medium", "hard"}
 
 
-@pytest.mark.parametrize("patch,field,problem", [
-    ({"steps": "3"}, "steps", "must be int"),
-    ({"steps": 0}, "steps", "1..100"),
-    ({"steps": True}, "steps", "must be int"),
-    ({"instruction": "  "}, "instruction", "empty"),
-    ({"evaluate": []}, "evaluate", "at least one"),
-    ({"evaluate": [{"type": "bogus"}]}, "evaluate[0]", "unknown check type"),
-    ({"solution": ["import os"]}, "solution[0]", "not a valid action"),
-    ({"solution": [3]}, "solution[0]", "action string"),
-    ({"initialize": [{"expr": "x"}]}, "initialize[0]", "func"),
-    ({"initialize": [{"func": "nope"}]}, "initialize[0]", "unknown setup operation"),
-    ({"initialize": [{"func": "console"}]}, "initialize[0]", "lacks expr"),
-    ({"initialize": [{"func": "console", "expr": 3}]}, "initialize[0]", "'expr' must be"),
-    ({"initialize": [{"func": "write_file", "path": "/etc/x", "content": "x"}]}, "initialize[0]", "relative"),
-    ({"initialize": [{"func": "write_file", "path": "../x", "content": "x"}]}, "initialize[0]", "leaves"),
-    ({"evaluate": [{"type": "val", "name": "a", "value": 1, "tol": -1}]}, "evaluate[0]", "tol"),
-    ({"evaluate": [{"type": "val", "name": "a", "value": "81"}]}, "evaluate[0]", "numeric"),
-    ({"evaluate": [{"type": "answer", "number": 1, "tol": "x"}]}, "evaluate[0]", "tol"),
-    ({"evaluate": [{"type": "predicate", "expr": "__import__('os')"}]}, "evaluate[0]", "only calls of"),
-    ({"evaluate": [{"type": "include", "path": "a", "pattern": "("}]}, "evaluate[0]", "not a valid regular"),
-    ({"id": "../escape"}, "id", "letters, digits"),
-    ({"id": "a/b"}, "id", "letters, digits"),
-    ({"instruction": "x" * 10_001}, "instruction", "max 10000"),
-    ({"apps": ["nope"]}, "apps[0]", "not another known app"),
-    ({"difficulty": "insane"}, "difficulty", "one of"),
-    ({"colour": "red"}, "colour", "not a task field"),
-    ({"id": None}, "id", "must be str"),
-])
+@pytest.mark.parametrize(
+    "patch,field,problem",
+    [
+        ({"steps": "3"}, "steps", "must be int"),
+        ({"steps": 0}, "steps", "1..100"),
+        ({"steps": True}, "steps", "must be int"),
+        ({"instruction": "  "}, "instruction", "empty"),
+        ({"evaluate": []}, "evaluate", "at least one"),
+        ({"evaluate": [{"type": "bogus"}]}, "evaluate[0]", "unknown check type"),
+        ({"solution": ["import os"]}, "solution[0]", "not a valid action"),
+        ({"solution": [3]}, "solution[0]", "action string"),
+        ({"initialize": [{"expr": "x"}]}, "initialize[0]", "func"),
+        ({"initialize": [{"func": "nope"}]}, "initialize[0]", "unknown setup operation"),
+        ({"initialize": [{"func": "console"}]}, "initialize[0]", "lacks expr"),
+        ({"initialize": [{"func": "console", "expr": 3}]}, "initialize[0]", "'expr' must be"),
+        ({"initialize": [{"func": "write_file", "path": "/etc/x", "content": "x"}]}, "initialize[0]", "relative"),
+        ({"initialize": [{"func": "write_file", "path": "../x", "content": "x"}]}, "initialize[0]", "leaves"),
+        ({"evaluate": [{"type": "val", "name": "a", "value": 1, "tol": -1}]}, "evaluate[0]", "tol"),
+        ({"evaluate": [{"type": "val", "name": "a", "value": "81"}]}, "evaluate[0]", "numeric"),
+        ({"evaluate": [{"type": "answer", "number": 1, "tol": "x"}]}, "evaluate[0]", "tol"),
+        ({"evaluate": [{"type": "predicate", "expr": "__import__('os')"}]}, "evaluate[0]", "only calls of"),
+        ({"evaluate": [{"type": "include", "path": "a", "pattern": "("}]}, "evaluate[0]", "not a valid regular"),
+        ({"id": "../escape"}, "id", "letters, digits"),
+        ({"id": "a/b"}, "id", "letters, digits"),
+        ({"instruction": "x" * 10_001}, "instruction", "max 10000"),
+        ({"apps": ["nope"]}, "apps[0]", "not another known app"),
+        ({"difficulty": "insane"}, "difficulty", "one of"),
+        ({"colour": "red"}, "colour", "not a task field"),
+        ({"id": None}, "id", "must be str"),
+    ],
+)
 def test_malformed_task_names_file_field_problem(tmp_path, patch, field, problem):
     data = {**GOOD, **patch}
     f = tmp_path / "broken.json"
@@ -78,6 +88,7 @@ def test_missing_field_and_bad_json(tmp_path):
 
 def test_unknown_app():
     from coda_env.registry import AppError
+
     with pytest.raises(AppError, match="unknown app 'no-such-app'; known apps: .*kalgebra"):
         load_tasks("no-such-app")
 
@@ -86,7 +97,10 @@ def test_unknown_app():
 HOSTILE = Path(__file__).resolve().parent / "hostile_tasks"
 # file -> (the field the refusal names, words of the reason). Each file's `note` says what it would do.
 REFUSED = {
-    "chimerax_info_models_savefile": ("evaluate[0]", "resolves to info models's keyword 'saveFile', which writes a file"),
+    "chimerax_info_models_savefile": (
+        "evaluate[0]",
+        "resolves to info models's keyword 'saveFile', which writes a file",
+    ),
     "chimerax_hbonds_savefile": ("initialize[1]", "resolves to hbonds's keyword 'saveFile', which writes a file"),
     "chimerax_contacts_savefile": ("initialize[1]", "'save_file' in 'contacts /A save_file"),
     "chimerax_runscript_abbreviated": ("initialize[1]", "'runs' is not a full ChimeraX command name"),
@@ -129,6 +143,7 @@ def test_hostile_task_file_is_refused_on_load_naming_file_and_field(name):
 
 def test_hostile_files_in_a_task_folder_are_left_out_with_the_reason():
     from coda_env.tasks import broken_tasks
+
     for app in ("chimerax", "grass", "kalgebra"):
         names = {n for n in REFUSED if n.startswith(app) or (app == "kalgebra" and n.startswith("core"))}
         assert not [t for t in load_tasks(app, task_dirs=[HOSTILE]) if t.startswith("hostile_")]
@@ -138,8 +153,14 @@ def test_hostile_files_in_a_task_folder_are_left_out_with_the_reason():
 
 
 def test_a_path_of_the_home_still_loads():
-    data = {**GOOD, "initialize": [{"func": "write_file", "path": "notes/a.txt", "content": "x"}],
-            "evaluate": [{"type": "file", "path": "notes/a.txt", "exists": True},
-                         {"type": "include", "path": "./notes/a.txt", "pattern": "x", "count": 1}]}
+    data = {
+        **GOOD,
+        "initialize": [{"func": "write_file", "path": "notes/a.txt", "content": "x"}],
+        "evaluate": [
+            {"type": "file", "path": "notes/a.txt", "exists": True},
+            {"type": "include", "path": "./notes/a.txt", "pattern": "x", "count": 1},
+        ],
+    }
     from coda_env.tasks import parse_task
+
     assert parse_task(data, "ok.json").id == "t"

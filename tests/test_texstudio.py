@@ -1,6 +1,7 @@
 """coda/TeXstudio-v0 end to end on real TeXstudio under real Xvfb: oracles (this package's tasks and the
 ScienceBoard translations), DONE, check_env, a killed app, leftovers, the compile check, a11y_text's bound.
 The fast checks (no GUI) come first; the full oracle sweep is marked slow (`make test-all`)."""
+
 from __future__ import annotations
 
 import glob
@@ -24,10 +25,14 @@ from .conftest import live_token_pids, wait_until
 PKG = Path(texstudio.__file__).parent
 TASK_FILES = sorted(PKG.glob("tasks/*.json"))
 TASKS = {json.loads(p.read_text())["id"]: json.loads(p.read_text()) for p in TASK_FILES}
-SB_DIR = Path(os.environ.get("SCIENCEBOARD_DIR", Path(__file__).resolve().parents[1] / ".." / "shared" / "scienceboard"))
+SB_DIR = Path(
+    os.environ.get("SCIENCEBOARD_DIR", Path(__file__).resolve().parents[1] / ".." / "shared" / "scienceboard")
+)
 SB_FILES = sorted((SB_DIR / "tasks" / "VM" / "TeXstudio").glob("*.json"))
-NEEDS_SB = pytest.mark.skipif(not SB_FILES, reason=f"ScienceBoard's TeXstudio task files are not in {SB_DIR} "
-                                                   f"(set SCIENCEBOARD_DIR to a ScienceBoard checkout)")
+NEEDS_SB = pytest.mark.skipif(
+    not SB_FILES,
+    reason=f"ScienceBoard's TeXstudio task files are not in {SB_DIR} (set SCIENCEBOARD_DIR to a ScienceBoard checkout)",
+)
 SB_ORACLES = json.loads((PKG / "scienceboard_oracles.json").read_text())
 # what each needs besides TeXstudio: these are converted, but load (and their oracles run) only where the app runs
 CROSS_APP = {"A-01", "A-02", "A-03", "A-04", "B-02", "B-03", "C-01"}
@@ -37,6 +42,7 @@ def _sb_loadable() -> dict[str, str | None]:
     """Stem -> None when the converted task loads here, else the reason (another app is not installed)."""
     from coda_env import scienceboard as core
     from coda_env.tasks import TaskError
+
     out: dict[str, str | None] = {}
     for f in SB_FILES:
         try:
@@ -62,8 +68,16 @@ class _Task:  # what a check reads of a task (fast tests only)
 def test_suite_is_broad():
     assert len(TASKS) >= 20
     cats = {t["category"] for t in TASKS.values()}
-    assert {"find-replace", "math", "table", "figure", "fix-error", "bibliography", "multi-file",
-            "structure"} <= cats, cats
+    assert {
+        "find-replace",
+        "math",
+        "table",
+        "figure",
+        "fix-error",
+        "bibliography",
+        "multi-file",
+        "structure",
+    } <= cats, cats
     for t in TASKS.values():
         assert t["solution"] and t["solution"][-1].split()[0] in ("DONE", "ANS"), t["id"]
         text = json.dumps(t["solution"])
@@ -78,15 +92,18 @@ def test_task_checks_validate():
                 ct.validate(c)
 
 
-@pytest.mark.parametrize("bad", [
-    {"type": "tex_file", "path": "/etc/passwd", "replacements": [["a", "b"]]},
-    {"type": "tex_file", "path": "a/../../x", "replacements": [["a", "b"]]},
-    {"type": "tex_file", "path": "a.tex"},
-    {"type": "tex_file", "path": "a.tex", "replacements": [["", "x"]]},
-    {"type": "tex_file", "path": "a.tex", "replacements": [["a", "b", "c"]]},
-    {"type": "compile", "path": "atelier", "file": "../main"},
-    {"type": "compile", "path": "atelier", "timeout": 10_000},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "tex_file", "path": "/etc/passwd", "replacements": [["a", "b"]]},
+        {"type": "tex_file", "path": "a/../../x", "replacements": [["a", "b"]]},
+        {"type": "tex_file", "path": "a.tex"},
+        {"type": "tex_file", "path": "a.tex", "replacements": [["", "x"]]},
+        {"type": "tex_file", "path": "a.tex", "replacements": [["a", "b", "c"]]},
+        {"type": "compile", "path": "atelier", "file": "../main"},
+        {"type": "compile", "path": "atelier", "timeout": 10_000},
+    ],
+)
 def test_malformed_checks_are_refused(bad):
     ct = {x.name: x for x in tex_checks.CHECKS}[bad["type"]]
     with pytest.raises(CheckError):
@@ -95,9 +112,11 @@ def test_malformed_checks_are_refused(bad):
 
 def test_replacements_compare_with_the_initial_text(tmp_path):
     """tex_file against a FAKE desktop (a folder on this machine): the logic of replacements/normalisation."""
+
     class FakeDesktop:
         def read_file(self, p):
             return Path(p).read_bytes()
+
     init = [{"func": "write_file", "path": "w/main.tex", "content": "a colour\nthe colour  \n"}]
     (tmp_path / "w").mkdir()
     (tmp_path / "w/main.tex").write_text("a color\nthe color\n\n")
@@ -135,10 +154,13 @@ def test_scienceboard_translation_of_every_file():
 
 def test_scienceboard_refuses_unknown_operations():
     from coda_env.apps.texstudio.scienceboard import TaskError
+
     base = {"type": "TeXstudio", "instruction": "x", "steps": 5, "evaluate": []}
-    for op in ({"func": "touch", "path": "/etc/passwd", "text": "x"},
-               {"func": "launch", "command": "rm -rf /"},
-               {"func": "python", "code": "import os"}):
+    for op in (
+        {"func": "touch", "path": "/etc/passwd", "text": "x"},
+        {"func": "launch", "command": "rm -rf /"},
+        {"func": "python", "code": "import os"},
+    ):
         with pytest.raises(TaskError):
             scienceboard.convert({**base, "initialize": [op]}, "X-01.json")
 
@@ -147,6 +169,7 @@ def test_scienceboard_refuses_unknown_operations():
 @pytest.fixture(scope="module")
 def desktop():
     from coda_env.backends.local import LocalDesktop
+
     d = LocalDesktop()
     d.start()
     yield d
@@ -161,7 +184,9 @@ def test_compile_check_good_broken_and_bibtex(desktop, tmp_path):
         w.mkdir()
         run = {x.name: x for x in tex_checks.CHECKS}["compile"].run
         ctx = CheckContext(None, _Task([]), desktop, home)
-        (w / "main.tex").write_text("\\documentclass{article}\\begin{document}Hello \\LaTeX. \\newpage Two\\end{document}\n")
+        (w / "main.tex").write_text(
+            "\\documentclass{article}\\begin{document}Hello \\LaTeX. \\newpage Two\\end{document}\n"
+        )
         ok, detail = run({"type": "compile", "path": "atelier", "min_pages": 2, "contains": "Hello"}, ctx)
         assert ok, detail
         assert not (w / "main.pdf").exists(), "the check must build a scratch copy, never in place"
@@ -170,20 +195,24 @@ def test_compile_check_good_broken_and_bibtex(desktop, tmp_path):
         (w / "main.tex").write_text("\\documentclass{article}\\begin{document}\\begin{itemze}\\end{document}\n")
         ok, detail = run({"type": "compile", "path": "atelier"}, ctx)
         assert not ok and "itemze" in detail, detail
-        (w / "main.tex").write_text("\\documentclass{article}\\begin{document}See \\cite{k}.\\bibliographystyle{plain}"
-                                    "\\bibliography{refs}\\end{document}\n")
+        (w / "main.tex").write_text(
+            "\\documentclass{article}\\begin{document}See \\cite{k}.\\bibliographystyle{plain}"
+            "\\bibliography{refs}\\end{document}\n"
+        )
         (w / "refs.bib").write_text("@book{k, title={A Unique Booktitle}, author={A. B}, year={2000}, publisher={P}}\n")
         ok, detail = run({"type": "compile", "path": "atelier", "contains": "A Unique Booktitle"}, ctx)
         assert ok and "bibtex" in detail, detail
         assert not list(Path(home).glob(".coda-compile-*")), "the scratch folder is removed"
     finally:
         import shutil
+
         shutil.rmtree(home, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------- the env (real app)
 def _make(**kw):
     import gymnasium as gym
+
     return gym.make("coda/TeXstudio-v0", **kw)
 
 
@@ -211,7 +240,7 @@ def play(env, task_id, actions):
 def test_quick_oracles(env, task_id):
     r, term, trunc, info = play(env, task_id, TASKS[task_id]["solution"])
     assert r == 1.0 and term, info.get("checks")
-    r, *_ , info = play(env, task_id, ["DONE"])
+    r, *_, info = play(env, task_id, ["DONE"])
     assert r == 0.0, info.get("checks")
 
 
@@ -239,6 +268,7 @@ def test_scienceboard_import_loads_every_texstudio_only_file():
 @pytest.mark.parametrize("stem", sorted(SB_ORACLES))
 def test_scienceboard_oracles(stem):
     from coda_env import scienceboard as sbcore
+
     if SB_LOADABLE.get(stem) is not None:
         pytest.skip(f"needs another app: {SB_LOADABLE[stem]}")
     if stem in ("C-03", "C-04") and subprocess.run(["kpsewhich", "kpfonts.sty"], capture_output=True).returncode:
@@ -246,6 +276,7 @@ def test_scienceboard_oracles(stem):
     task = sbcore.convert_file(SB_DIR / "tasks" / "VM" / "TeXstudio" / f"{stem}.json")
     assert task["solution"] == SB_ORACLES[stem]
     from coda_env.registry import APPS
+
     missing = [f"{a}: {APPS[a].available()}" for a in task.get("apps", []) if APPS[a].available() is not None]
     if missing or any(k in task.get("requires", "") for k in ("PDB entry", "GRASS location")):
         pytest.skip(f"needs what this machine lacks: {missing or task['requires']}")
@@ -260,6 +291,7 @@ def test_scienceboard_oracles(stem):
     finally:
         e.close()
         import shutil
+
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -295,6 +327,7 @@ def test_a11y_text_is_bounded_and_fast(env):
 @needs_texstudio
 def test_check_env_passes():
     from gymnasium.utils.env_checker import check_env
+
     e = _make(task="insert_itemize", info_timings=False)
     try:
         check_env(e.unwrapped, skip_render_check=True)
@@ -339,6 +372,7 @@ def test_a11y_text_is_the_same_through_a_vm_guests_reader():
     from coda_env.env import CodaEnv
 
     from .test_env import _GuestView
+
     env = CodaEnv(app="texstudio")
     try:
         env.reset(options={"task": "build_pdf"})

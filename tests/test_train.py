@@ -1,6 +1,7 @@
 """Training (coda_agent.train): fast tests of the maths, the shared core, the CLI and the loop (marker `fast`:
 no X server, tiny real transformers models, a FAKE env), then GRPO's learning run of a tiny real Qwen2.5-VL
 planner on the real KAlgebra env, then stage-2 SFT on that run's successful trajectories."""
+
 from __future__ import annotations
 
 import json
@@ -11,14 +12,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from coda_agent.models import SamplingParams, TransformersVLM                                 # noqa: E402
-from coda_agent.rollout import Sample                                                          # noqa: E402
-from coda_agent.tiny import build_tiny_qwen2_5_vl                                              # noqa: E402
-from coda_agent.train import METHODS, add_arguments, config_from_args                          # noqa: E402
-from coda_agent.train import common                                                            # noqa: E402
-from coda_agent.train.common import (accumulate, load_checkpoint, prepare_model, save_checkpoint,  # noqa: E402
-                                     token_logprobs)
-from coda_agent.train.grpo import GRPOConfig, group_advantages, grpo_loss, train              # noqa: E402
+from coda_agent.models import SamplingParams, TransformersVLM  # noqa: E402
+from coda_agent.rollout import Sample  # noqa: E402
+from coda_agent.tiny import build_tiny_qwen2_5_vl  # noqa: E402
+from coda_agent.train import METHODS, add_arguments, config_from_args  # noqa: E402
+from coda_agent.train import common  # noqa: E402
+from coda_agent.train.common import (
+    accumulate,
+    load_checkpoint,
+    prepare_model,
+    save_checkpoint,  # noqa: E402
+    token_logprobs,
+)
+from coda_agent.train.grpo import GRPOConfig, group_advantages, grpo_loss, train  # noqa: E402
 from coda_agent.train.sft import Example, SFTConfig, finetune, load_examples, mean_loss, tokenize  # noqa: E402
 
 fast = pytest.mark.fast
@@ -27,11 +33,11 @@ fast = pytest.mark.fast
 # ------------------------------------------------------------------------------------------ maths
 @fast
 def test_group_advantages_by_hand():
-    r = torch.tensor([1.0, 0.0, 0.0, 1.0,   1.0, 1.0, 1.0, 1.0,   0.0, 0.0, 0.0, 3.0])
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 3.0])
     keys = ["a#0"] * 4 + ["b#1"] * 4 + ["c#2"] * 4
     adv = group_advantages(r, keys, eps=0.0)
-    assert torch.allclose(adv[:4], torch.tensor([1.0, -1.0, -1.0, 1.0]))      # mean .5, std .5
-    assert torch.equal(adv[4:8], torch.zeros(4))                                # std 0: no signal
+    assert torch.allclose(adv[:4], torch.tensor([1.0, -1.0, -1.0, 1.0]))  # mean .5, std .5
+    assert torch.equal(adv[4:8], torch.zeros(4))  # std 0: no signal
     std = np.std([0, 0, 0, 3])
     assert torch.allclose(adv[8:], torch.tensor([-0.75, -0.75, -0.75, 2.25]) / std)
     assert torch.allclose(adv.view(3, 4).sum(1), torch.zeros(3), atol=1e-6)
@@ -47,9 +53,9 @@ def test_group_advantages_by_key_not_position():
     t0 = np.array([1.0, 0.0, 0.0])
     want_t0 = (t0 - t0.mean()) / t0.std()
     assert torch.allclose(adv[[0, 2, 5]], torch.tensor(want_t0, dtype=torch.float32))
-    assert torch.allclose(adv[[1, 4]], torch.tensor([1.0, -1.0]))               # 5 and 1: mean 3, std 2
-    assert torch.equal(adv[[3, 6]], torch.zeros(2))                             # t#2: equal rewards
-    assert adv[7] == 0                                                          # v#3: alone
+    assert torch.allclose(adv[[1, 4]], torch.tensor([1.0, -1.0]))  # 5 and 1: mean 3, std 2
+    assert torch.equal(adv[[3, 6]], torch.zeros(2))  # t#2: equal rewards
+    assert adv[7] == 0  # v#3: alone
     # the same rewards in a shuffled order give each episode the same advantage
     perm = [7, 3, 0, 5, 1, 6, 2, 4]
     shuffled = group_advantages(r[perm], [keys[i] for i in perm], eps=0.0)
@@ -72,8 +78,8 @@ def test_clipping_kl_and_masking():
     assert st["clipped_tokens"] == 2 and st["tokens"] == 4
     loss.backward()
     g = new.grad
-    assert g[0, 1] == 0                         # ratio above 1+eps with A>0: clipped, no gradient
-    assert g[0, 2] != 0 and g[0, 0] != 0        # below the clip with A>0: min picks the unclipped term
+    assert g[0, 1] == 0  # ratio above 1+eps with A>0: clipped, no gradient
+    assert g[0, 2] != 0 and g[0, 0] != 0  # below the clip with A>0: min picks the unclipped term
     assert torch.equal(g[1, 1:], torch.zeros(2))  # masked tokens give nothing
     # masked positions do not change the loss whatever their values
     new2 = new.detach().clone()
@@ -106,7 +112,7 @@ def _samples(vlm, n=5):
         shot = rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)
         conv = [{"role": "user", "content": [{"type": "text", "text": f"task {i}"}, {"type": "image", "image": shot}]}]
         ids = vlm.tokenizer(f"Thought: t{i}\nAction: ANS {i * 7}", add_special_tokens=False)["input_ids"]
-        out.append(Sample("planner", conv, ids[: 3 + i]))          # different lengths: padding in play
+        out.append(Sample("planner", conv, ids[: 3 + i]))  # different lengths: padding in play
     return out
 
 
@@ -121,13 +127,14 @@ def test_accumulated_micro_batches_equal_one_full_batch(tiny_dir):
     with torch.no_grad():
         old, _ = token_logprobs(vlm, samples, 1.0)
     params = [p for p in vlm.model.parameters()]
-    optimizer = torch.optim.SGD(params, lr=0.0)                # a step that leaves the weights alone
+    optimizer = torch.optim.SGD(params, lr=0.0)  # a step that leaves the weights alone
 
     def grads(bounds):
         def loss_fn(k, b):
             lo, hi = b
             lp, m = token_logprobs(vlm, samples[lo:hi], 1.0)
-            return grpo_loss(lp, old[lo:hi, -lp.shape[1]:], None, adv[lo:hi], m, 0.2, 0.0, n)
+            return grpo_loss(lp, old[lo:hi, -lp.shape[1] :], None, adv[lo:hi], m, 0.2, 0.0, n)
+
         total, gn, sums = accumulate(optimizer, params, bounds, 1e9, loss_fn)
         assert sums["tokens"] == n
         return total, gn, [p.grad.clone() for p in params if p.grad is not None]
@@ -139,7 +146,7 @@ def test_accumulated_micro_batches_equal_one_full_batch(tiny_dir):
     assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(full, acc))
     shot = np.random.default_rng(3).integers(0, 255, (64, 96, 3), dtype=np.uint8)
     conv = [{"role": "user", "content": [{"type": "text", "text": "go"}, {"type": "image", "image": shot}]}]
-    g, = vlm.generate([conv], SamplingParams(max_new_tokens=12, temperature=1.0, logprobs=True, seed=0))
+    (g,) = vlm.generate([conv], SamplingParams(max_new_tokens=12, temperature=1.0, logprobs=True, seed=0))
     lp, m = token_logprobs(vlm, [Sample("planner", conv, g.token_ids, g.logprobs)], 1.0)
     assert torch.allclose(lp[0][m[0]], torch.tensor(g.logprobs), atol=1e-4)
 
@@ -180,7 +187,7 @@ def test_checkpoint_round_trip(tiny_dir, tmp_path, lora_r):
     (tmp_path / "checkpoint").rename(tmp_path / "checkpoint.old")
     (tmp_path / "checkpoint.tmp").mkdir()
     assert load_checkpoint(tmp_path, vlm2.model, opt2, random.Random(0)) == 7
-    save_checkpoint(tmp_path, cfg, vlm.model, opt, 7, rng)           # recovers: one checkpoint, no leftovers
+    save_checkpoint(tmp_path, cfg, vlm.model, opt, 7, rng)  # recovers: one checkpoint, no leftovers
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint"]
     assert load_checkpoint(tmp_path, vlm2.model, opt2, random.Random(0)) == 8
 
@@ -188,6 +195,7 @@ def test_checkpoint_round_trip(tiny_dir, tmp_path, lora_r):
 # ------------------------------------------------------------------------------------------ rollouts
 class _FakeAgent:
     """A FAKE agent: answers DONE and hands in one made-up sample of each role per step."""
+
     name = "fake"
 
     def reset(self, slot, task):
@@ -195,8 +203,8 @@ class _FakeAgent:
 
     def act(self, batch):
         from coda_agent.policy import AgentStep
-        return [AgentStep("DONE", samples=[Sample("planner", [], [1, 2]), Sample("executor", [], [3])])
-                for _ in batch]
+
+        return [AgentStep("DONE", samples=[Sample("planner", [], [1, 2]), Sample("executor", [], [3])]) for _ in batch]
 
 
 @fast
@@ -205,15 +213,20 @@ def test_collect_groups_tags_samples_with_role_group_and_reward():
 
     from coda_agent.rollout import collect_groups
     from tests.fakes import FAKE_ENV_ID
-    envs = gym.make_vec(FAKE_ENV_ID, num_envs=1, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
+
+    envs = gym.make_vec(
+        FAKE_ENV_ID,
+        num_envs=1,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+    )
     try:
         tasks = common.probe_env(FAKE_ENV_ID).tasks
         rollouts = collect_groups(envs, _FakeAgent(), tasks, ["fake_answer", "fake_note", "fake_answer"], 2, seed=0)
     finally:
         envs.close()
     assert [r.group for r in rollouts] == ["fake_answer#0"] * 2 + ["fake_note#1"] * 2 + ["fake_answer#2"] * 2
-    assert [r.reward for r in rollouts] == [1.0, 0.0] * 3                     # the fake alternates
+    assert [r.reward for r in rollouts] == [1.0, 0.0] * 3  # the fake alternates
     for r in rollouts:
         assert [s.role for s in r.samples] == ["planner", "executor"]
         assert all(s.group == r.group and s.reward == r.reward for s in r.samples)
@@ -222,9 +235,25 @@ def test_collect_groups_tags_samples_with_role_group_and_reward():
 # ------------------------------------------------------------------------------------------ the loop
 def _fake_cfg(tmp, **kw):
     from tests.fakes import FAKE_ENV_ID
-    base = dict(env=FAKE_ENV_ID, tasks=["fake_answer", "fake_type_42"], out=str(tmp), iterations=3, tasks_per_iteration=2,
-                group_size=2, num_envs=1, max_steps=1, max_new_tokens=6, executor_max_new_tokens=4,
-                executor_tries=1, lr=1e-3, lora_r=4, lora_alpha=8, micro_batch=4, kl_coef=0.01)
+
+    base = dict(
+        env=FAKE_ENV_ID,
+        tasks=["fake_answer", "fake_type_42"],
+        out=str(tmp),
+        iterations=3,
+        tasks_per_iteration=2,
+        group_size=2,
+        num_envs=1,
+        max_steps=1,
+        max_new_tokens=6,
+        executor_max_new_tokens=4,
+        executor_tries=1,
+        lr=1e-3,
+        lora_r=4,
+        lora_alpha=8,
+        micro_batch=4,
+        kl_coef=0.01,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
@@ -234,6 +263,7 @@ def test_grpo_loop_progress_per_iteration_metrics_and_resume(tiny_dir, tiny_exec
     the progress bar advances once per iteration, right after that iteration's record is written; the
     checkpoint resumes; the trained planner is exported."""
     from tqdm import tqdm
+
     metrics = tmp_path / "metrics.jsonl"
     seen = []
 
@@ -246,10 +276,10 @@ def test_grpo_loop_progress_per_iteration_metrics_and_resume(tiny_dir, tiny_exec
     monkeypatch.setattr(common, "tqdm", RecordingBar)
     executor = TransformersVLM(tiny_executor_dir)
     history = train(_fake_cfg(tmp_path), TransformersVLM(tiny_dir), executor, progress=True)
-    assert seen == [(1, 1), (2, 2), (3, 3)]                   # per iteration, not once per run
+    assert seen == [(1, 1), (2, 2), (3, 3)]  # per iteration, not once per run
     assert [h["iteration"] for h in history] == [0, 1, 2]
     for h in history:
-        assert h["samples"] == 4 and h["reward_mean"] == 0.5       # 2 groups x 2 episodes x 1 planner call
+        assert h["samples"] == 4 and h["reward_mean"] == 0.5  # 2 groups x 2 episodes x 1 planner call
         assert h["grad_norm"] > 0 and h["logprob_mismatch"] < 1e-3
     assert (tmp_path / "planner" / "config.json").exists()
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
@@ -278,6 +308,7 @@ def test_train_help_lists_methods_and_every_flag_with_its_default(capsys):
     import dataclasses
 
     from coda_agent.cli import main
+
     with pytest.raises(SystemExit) as e:
         main(["train", "--help"])
     assert e.value.code == 0
@@ -301,16 +332,24 @@ def test_train_cli_config_file_and_flags(tmp_path, monkeypatch):
     import argparse
 
     from coda_agent.cli import main
+
     monkeypatch.chdir(tmp_path)
     p = argparse.ArgumentParser()
     add_arguments(p)
     saved = tmp_path / "config.json"
     saved.write_text(json.dumps({**GRPOConfig(planner="/p", group_size=4).__dict__, "lr": 0.5}))
-    args = p.parse_args(["grpo", "--config", str(saved), "--group-size", "6", "--tasks", "a", "b", "--kl-coef", "0",
-                         "--no-resume"])
+    args = p.parse_args(
+        ["grpo", "--config", str(saved), "--group-size", "6", "--tasks", "a", "b", "--kl-coef", "0", "--no-resume"]
+    )
     cfg = config_from_args(GRPOConfig, args)
-    assert (cfg.planner, cfg.group_size, cfg.lr, cfg.tasks, cfg.kl_coef, cfg.resume) == ("/p", 6, 0.5, ["a", "b"],
-                                                                                         0.0, False)
+    assert (cfg.planner, cfg.group_size, cfg.lr, cfg.tasks, cfg.kl_coef, cfg.resume) == (
+        "/p",
+        6,
+        0.5,
+        ["a", "b"],
+        0.0,
+        False,
+    )
     saved.write_text(json.dumps({"planer": "/typo"}))
     with pytest.raises(ValueError, match="unknown settings"):
         config_from_args(GRPOConfig, p.parse_args(["grpo", "--config", str(saved)]))
@@ -324,8 +363,8 @@ def test_train_cli_config_file_and_flags(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ learning
-TASK = "calc_ans_multiply"                # "compute 17 x 23 ... submit the result as your answer (ANS)"
-ANSWERS = ["391", "392", "390", "401"]    # the warm-up teaches the format with four answers, one right
+TASK = "calc_ans_multiply"  # "compute 17 x 23 ... submit the result as your answer (ANS)"
+ANSWERS = ["391", "392", "390", "401"]  # the warm-up teaches the format with four answers, one right
 
 
 def _success_rate(planner_dir, executor, n, tmp, seed):
@@ -334,13 +373,17 @@ def _success_rate(planner_dir, executor, n, tmp, seed):
     from coda_agent.planner import Planner
     from coda_agent.policy import CodaAgent
     from coda_agent.rollout import collect_groups, make_vector_env
+
     vlm = TransformersVLM(planner_dir)
     torch.manual_seed(seed)
-    agent = CodaAgent(Planner(vlm, "kalgebra", params=SamplingParams(max_new_tokens=24, temperature=1.0)),
-                      Executor(executor, params=SamplingParams(max_new_tokens=8)))
+    agent = CodaAgent(
+        Planner(vlm, "kalgebra", params=SamplingParams(max_new_tokens=24, temperature=1.0)),
+        Executor(executor, params=SamplingParams(max_new_tokens=8)),
+    )
     envs = make_vector_env("coda/KAlgebra-v0", 2, max_steps=1)
     try:
         import coda_env.tasks as ct
+
         rs = collect_groups(envs, agent, ct.load_tasks("kalgebra"), [TASK], n, seed=seed, out=tmp)
     finally:
         envs.close()
@@ -353,6 +396,7 @@ def learned(tiny_dir, tmp_path_factory):
     import gymnasium as gym
 
     from coda_agent.planner import Planner
+
     tmp = tmp_path_factory.mktemp("grpo")
     env = gym.make("coda/KAlgebra-v0")
     try:
@@ -361,16 +405,33 @@ def learned(tiny_dir, tmp_path_factory):
         env.close()
     vlm = TransformersVLM(tiny_dir)
     conv = Planner(None, "kalgebra").conversation(obs["instruction"], [], obs["screenshot"])
-    warm = [Example(TASK, "kalgebra", 1, Sample("planner", conv, []), f"Thought: compute it.\nAction: ANS {a}")
-            for a in ANSWERS]
-    finetune(SFTConfig(out=str(tmp / "warm"), epochs=120, lr=5e-3, micro_batch=4, lora_r=0), vlm, warm,
-             progress=False)
+    warm = [
+        Example(TASK, "kalgebra", 1, Sample("planner", conv, []), f"Thought: compute it.\nAction: ANS {a}")
+        for a in ANSWERS
+    ]
+    finetune(SFTConfig(out=str(tmp / "warm"), epochs=120, lr=5e-3, micro_batch=4, lora_r=0), vlm, warm, progress=False)
     executor = TransformersVLM(build_tiny_qwen2_5_vl(tmp / "executor", seed=5))
     before, _ = _success_rate(tmp / "warm" / "planner", executor, 16, tmp / "before", seed=100)
-    cfg = GRPOConfig(env="coda/KAlgebra-v0", tasks=[TASK], out=str(tmp / "run"), iterations=8,
-                     tasks_per_iteration=1, group_size=8, num_envs=2, max_steps=1, max_new_tokens=24,
-                     executor_max_new_tokens=8, executor_tries=1, lr=2e-3, kl_coef=0.01, lora_r=8, lora_alpha=16,
-                     micro_batch=8, epochs=3, seed=0)
+    cfg = GRPOConfig(
+        env="coda/KAlgebra-v0",
+        tasks=[TASK],
+        out=str(tmp / "run"),
+        iterations=8,
+        tasks_per_iteration=1,
+        group_size=8,
+        num_envs=2,
+        max_steps=1,
+        max_new_tokens=24,
+        executor_max_new_tokens=8,
+        executor_tries=1,
+        lr=2e-3,
+        kl_coef=0.01,
+        lora_r=8,
+        lora_alpha=16,
+        micro_batch=8,
+        epochs=3,
+        seed=0,
+    )
     history = train(cfg, TransformersVLM(tmp / "warm" / "planner"), executor, progress=False)
     after, _ = _success_rate(tmp / "run" / "planner", executor, 16, tmp / "after", seed=100)
     return {"before": before, "after": after, "history": history, "cfg": cfg, "tmp": tmp, "executor": executor}
@@ -378,10 +439,12 @@ def learned(tiny_dir, tmp_path_factory):
 
 def test_grpo_raises_the_success_rate(learned):
     before, after, history = learned["before"], learned["after"], learned["history"]
-    print(f"success before {before:.2f}, after {after:.2f}; reward per iteration "
-          f"{[round(h['reward_mean'], 2) for h in history]}")
+    print(
+        f"success before {before:.2f}, after {after:.2f}; reward per iteration "
+        f"{[round(h['reward_mean'], 2) for h in history]}"
+    )
     assert after >= before + 0.3, (before, after, history)
-    assert all(h["logprob_mismatch"] < 1e-3 for h in history)      # the trainer scores what was sampled
+    assert all(h["logprob_mismatch"] < 1e-3 for h in history)  # the trainer scores what was sampled
     assert any(h["kl"] > 0 for h in history) and all(h["samples"] == 8 for h in history)
 
 
@@ -407,23 +470,44 @@ def test_stage2_sft_on_successful_trajectories(learned):
     tmp = learned["tmp"]
     runs = [str(tmp / "run" / "rollouts" / "iter_*"), str(tmp / "after")]
     examples, counts = load_examples(runs)
-    assert counts["kept"] >= 4 and counts["examples"] == counts["kept"]       # one planner call per episode
-    assert all(e.target.rstrip().endswith("ANS 391") for e in examples)       # only successes are kept
-    examples = examples[:16]                                                   # enough to see the loss fall
+    assert counts["kept"] >= 4 and counts["examples"] == counts["kept"]  # one planner call per episode
+    assert all(e.target.rstrip().endswith("ANS 391") for e in examples)  # only successes are kept
+    examples = examples[:16]  # enough to see the loss fall
     vlm = TransformersVLM(build_tiny_qwen2_5_vl(tmp / "generalist", seed=9))
     tokenize(vlm, examples)
     before = mean_loss(vlm, examples)
-    hist = finetune(SFTConfig(out=str(tmp / "sft"), epochs=6, lr=3e-3, micro_batch=4, grad_accum=2, lora_r=0),
-                    vlm, examples, progress=False)
+    hist = finetune(
+        SFTConfig(out=str(tmp / "sft"), epochs=6, lr=3e-3, micro_batch=4, grad_accum=2, lora_r=0),
+        vlm,
+        examples,
+        progress=False,
+    )
     assert hist[0]["loss"] == pytest.approx(before, rel=1e-4)
     print(f"stage-2 planner loss per epoch: {[round(h['loss'], 3) for h in hist]}")
     assert hist[-1]["loss"] < 0.6 * before, hist
-    assert [json.loads(x)["epoch"] for x in (tmp / "sft" / "metrics.jsonl").read_text().splitlines()] == \
-        list(range(7))
+    assert [json.loads(x)["epoch"] for x in (tmp / "sft" / "metrics.jsonl").read_text().splitlines()] == list(range(7))
     # the generalist is a self-contained checkpoint that `coda eval` runs on the app's tasks
     from coda_agent.cli import main
-    rc = main(["eval", "--env", "coda/KAlgebra-v0", "--agent", "coda", "--planner", str(tmp / "sft" / "planner"),
-               "--executor", str(tmp / "executor"), "--tasks", "calc_ans_multiply", "--max-steps", "1",
-               "--out", str(tmp / "eval-generalist"), "--quiet"])
+
+    rc = main(
+        [
+            "eval",
+            "--env",
+            "coda/KAlgebra-v0",
+            "--agent",
+            "coda",
+            "--planner",
+            str(tmp / "sft" / "planner"),
+            "--executor",
+            str(tmp / "executor"),
+            "--tasks",
+            "calc_ans_multiply",
+            "--max-steps",
+            "1",
+            "--out",
+            str(tmp / "eval-generalist"),
+            "--quiet",
+        ]
+    )
     results = json.loads((tmp / "eval-generalist" / "results.json").read_text())
     assert rc == 0 and results["summary"]["overall"]["n"] == 1

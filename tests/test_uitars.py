@@ -6,6 +6,7 @@ parser, so what the executor hands on is what the env accepts.
 Coordinates: a 1280x800 screen is resized by Qwen2.5-VL's smart_resize to 1288x812 (both multiples of 28), so
 (644, 406) in the model's image is (640, 400) on the screen; relative-1000 coordinates scale by 1.28 and 0.8.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -24,41 +25,47 @@ GOOD = [
     # ---- clicks in UI-TARS-1.5's grammar, absolute pixels of the resized image
     ("Thought: Click OK.\nAction: click(start_box='(644,406)')", "pyautogui.click(640, 400)"),
     ("Action: click(start_box='(322,203)')", "pyautogui.click(320, 200)"),
-    ("click(start_box='(966,609)')", "pyautogui.click(960, 600)"),                       # no Action: prefix
-    ("Action: click(start_box='(644, 406)')", "pyautogui.click(640, 400)"),              # spaces inside
-    ("Action: click(start_box=\"(644,406)\")", "pyautogui.click(640, 400)"),             # double quotes
+    ("click(start_box='(966,609)')", "pyautogui.click(960, 600)"),  # no Action: prefix
+    ("Action: click(start_box='(644, 406)')", "pyautogui.click(640, 400)"),  # spaces inside
+    ('Action: click(start_box="(644,406)")', "pyautogui.click(640, 400)"),  # double quotes
     ("Action: click(start_box='<|box_start|>(644,406)<|box_end|>')", "pyautogui.click(640, 400)"),
-    ("Action: click(point='<point>644 406</point>')", "pyautogui.click(640, 400)"),      # 1.5 point form
+    ("Action: click(point='<point>644 406</point>')", "pyautogui.click(640, 400)"),  # 1.5 point form
     ("Action: click(start_box='[644,406]')", "pyautogui.click(640, 400)"),
-    ("Action: click(start_box='(644.0,406.0)')", "pyautogui.click(640, 400)"),           # floats
-    ("Action: click(start_box='(100,100,200,200)')", "pyautogui.click(149, 148)"),       # a box: its centre
+    ("Action: click(start_box='(644.0,406.0)')", "pyautogui.click(640, 400)"),  # floats
+    ("Action: click(start_box='(100,100,200,200)')", "pyautogui.click(149, 148)"),  # a box: its centre
     ("Action: click(start_box='[322,203,966,609]')", "pyautogui.click(640, 400)"),
     ("Action: click(start_box='(0,0)')", "pyautogui.click(0, 0)"),
-    ("Action: click(start_box='(1288,812)')", "pyautogui.click(1279, 799)"),             # edge: clamped
-    ("Action: click(start_box='(5000,5000)')", "pyautogui.click(1279, 799)"),            # off-image: clamped
+    ("Action: click(start_box='(1288,812)')", "pyautogui.click(1279, 799)"),  # edge: clamped
+    ("Action: click(start_box='(5000,5000)')", "pyautogui.click(1279, 799)"),  # off-image: clamped
     ("Action: left_single(start_box='(644,406)')", "pyautogui.click(640, 400)"),
     ("Action: left_double(start_box='(644,406)')", "pyautogui.doubleClick(640, 400)"),
     ("Action: right_single(start_box='(322,203)')", "pyautogui.rightClick(320, 200)"),
     ("Action: hover(start_box='(644,406)')", "pyautogui.moveTo(640, 400)"),
     ("Action: mouse_move(start_box='(966,609)')", "pyautogui.moveTo(960, 600)"),
-    ("Action: drag(start_box='(322,203)', end_box='(966,609)')",
-     "pyautogui.moveTo(320, 200)\npyautogui.dragTo(960, 600)"),
-    ("Action: select(start_box='(322,203)', end_box='(644,406)')",
-     "pyautogui.moveTo(320, 200)\npyautogui.dragTo(640, 400)"),
-    ("Action: drag(start_point='<point>322 203</point>', end_point='<point>966 609</point>')",
-     "pyautogui.moveTo(320, 200)\npyautogui.dragTo(960, 600)"),
+    (
+        "Action: drag(start_box='(322,203)', end_box='(966,609)')",
+        "pyautogui.moveTo(320, 200)\npyautogui.dragTo(960, 600)",
+    ),
+    (
+        "Action: select(start_box='(322,203)', end_box='(644,406)')",
+        "pyautogui.moveTo(320, 200)\npyautogui.dragTo(640, 400)",
+    ),
+    (
+        "Action: drag(start_point='<point>322 203</point>', end_point='<point>966 609</point>')",
+        "pyautogui.moveTo(320, 200)\npyautogui.dragTo(960, 600)",
+    ),
     # ---- keys
     ("Action: hotkey(key='ctrl c')", "pyautogui.hotkey('ctrl', 'c')"),
     ("Action: hotkey(key='ctrl+shift+s')", "pyautogui.hotkey('ctrl', 'shift', 's')"),
     ("Action: hotkey(key='Control S')", "pyautogui.hotkey('ctrl', 's')"),
-    ("Action: hotkey(key='enter')", "pyautogui.press('enter')"),                           # one key: a press
+    ("Action: hotkey(key='enter')", "pyautogui.press('enter')"),  # one key: a press
     ("Action: hotkey(key='Return')", "pyautogui.press('enter')"),
     ("Action: hotkey(key='arrowdown')", "pyautogui.press('down')"),
     ("Action: press(key='escape')", "pyautogui.press('esc')"),
     ("Action: press(key='tab')", "pyautogui.press('tab')"),
     ("Action: keydown(key='shift')", "pyautogui.keyDown('shift')"),
     ("Action: keyup(key='shift')", "pyautogui.keyUp('shift')"),
-    ("Action: hotkey(hotkey='ctrl a')", "pyautogui.hotkey('ctrl', 'a')"),                # older argument name
+    ("Action: hotkey(hotkey='ctrl a')", "pyautogui.hotkey('ctrl', 'a')"),  # older argument name
     # ---- typing: a trailing \n submits (UI-TARS-1.5's prompt says so)
     ("Action: type(content='x:=2+3')", "pyautogui.write('x:=2+3')"),
     ("Action: type(content='a:=3^4\\n')", "pyautogui.write('a:=3^4')\npyautogui.press('enter')"),
@@ -76,19 +83,26 @@ GOOD = [
     ("Action: finished(content='a = 81')", "DONE"),
     ("Action: call_user()", "FAIL"),
     ("Action: wait()", "WAIT"),
-    ("Action: WAIT()", "WAIT"),                                                             # names: any case
+    ("Action: WAIT()", "WAIT"),  # names: any case
     # ---- several actions in one answer; a terminal one after GUI actions is dropped
-    ("Action: click(start_box='(644,406)')\n\ntype(content='x:=1\\n')",
-     "pyautogui.click(640, 400)\npyautogui.write('x:=1')\npyautogui.press('enter')"),
+    (
+        "Action: click(start_box='(644,406)')\n\ntype(content='x:=1\\n')",
+        "pyautogui.click(640, 400)\npyautogui.write('x:=1')\npyautogui.press('enter')",
+    ),
     ("Action: click(start_box='(644,406)')\n\nfinished()", "pyautogui.click(640, 400)"),
     # ---- the full 1.5 layout with reflection and summary before the action
-    ("Reflection: the dialog is gone.\nAction_Summary: open the menu\nThought: Open File.\n"
-     "Action: click(start_box='(322,203)')", "pyautogui.click(320, 200)"),
-    ("Thought: Missing the closing paren at the end.\nAction: click(start_box='(644,406)'",
-     "pyautogui.click(640, 400)"),
+    (
+        "Reflection: the dialog is gone.\nAction_Summary: open the menu\nThought: Open File.\n"
+        "Action: click(start_box='(322,203)')",
+        "pyautogui.click(320, 200)",
+    ),
+    (
+        "Thought: Missing the closing paren at the end.\nAction: click(start_box='(644,406)'",
+        "pyautogui.click(640, 400)",
+    ),
 ]
 
-RELATIVE = [     # UI-TARS v1: 0..1000 on each axis, whatever the image size
+RELATIVE = [  # UI-TARS v1: 0..1000 on each axis, whatever the image size
     ("Action: click(start_box='(500,500)')", "pyautogui.click(640, 400)"),
     ("Action: click(start_box='<|box_start|>(250,750)<|box_end|>')", "pyautogui.click(320, 600)"),
     ("Action: click(start_box='(1000,1000)')", "pyautogui.click(1279, 799)"),
@@ -110,7 +124,7 @@ BAD = [
     ("Action: click(start_box='(nan,10)')", "2 or 4 numbers"),
     ("Action: click(start_box='(1e9,10)')", "2 or 4 numbers"),
     ("Action: click(start_box='(200000,10)')", "non-negative and finite"),
-    ("Action: type(content='Größe π')", "env refuses the converted action: .*non-ASCII"),   # X typing is ASCII
+    ("Action: type(content='Größe π')", "env refuses the converted action: .*non-ASCII"),  # X typing is ASCII
     ("Action: click(start_box='here')", "is not a point"),
     ("Action: click(start_box=(10,20))", "must be a quoted string"),
     ("Action: click(start_box='(10,20)", "unterminated string"),
@@ -132,7 +146,7 @@ BAD = [
 
 def _env_ok(action: str) -> None:
     if action not in ("DONE", "FAIL", "WAIT"):
-        parse_action(action, SCREEN)        # raises ActionError if the env would refuse it
+        parse_action(action, SCREEN)  # raises ActionError if the env would refuse it
 
 
 @pytest.mark.parametrize("text,expected", GOOD, ids=[f"good{i}" for i in range(len(GOOD))])
@@ -154,8 +168,9 @@ def test_malformed_outputs_raise_a_clear_error(text, message):
 
 
 def test_thought_is_returned_with_the_action():
-    thought, action = uitars_to_env("Thought: The button is at the top.\nAction: click(start_box='(644,406)')",
-                                    IMAGE, SCREEN)
+    thought, action = uitars_to_env(
+        "Thought: The button is at the top.\nAction: click(start_box='(644,406)')", IMAGE, SCREEN
+    )
     assert thought == "The button is at the top." and action == "pyautogui.click(640, 400)"
     thought, actions = parse_uitars("Reflection: ok\nThought: two\nlines\nAction: wait()")
     assert thought == "two\nlines" and [a.kind for a in actions] == ["wait"]
@@ -169,14 +184,17 @@ def test_coordinates_follow_the_models_image_size():
         uitars_action("click(start_box='(1,1)')", IMAGE, SCREEN, coords="percent")
 
 
-@pytest.mark.parametrize("hw,kw,expected", [
-    ((800, 1280), {}, (812, 1288)),                                     # the default screen
-    ((1080, 1920), {}, (1092, 1932)),
-    ((800, 1280), {"max_pixels": 64 * 28 * 28}, (168, 280)),            # the tiny test model
-    ((800, 1280), {"max_pixels": 1280 * 28 * 28}, (784, 1260)),         # area over the cap: scaled down
-    ((10, 10), {}, (56, 56)),                                           # min_pixels = 56*56 scales it up
-    ((28, 28), {"min_pixels": 28 * 28}, (28, 28)),
-])
+@pytest.mark.parametrize(
+    "hw,kw,expected",
+    [
+        ((800, 1280), {}, (812, 1288)),  # the default screen
+        ((1080, 1920), {}, (1092, 1932)),
+        ((800, 1280), {"max_pixels": 64 * 28 * 28}, (168, 280)),  # the tiny test model
+        ((800, 1280), {"max_pixels": 1280 * 28 * 28}, (784, 1260)),  # area over the cap: scaled down
+        ((10, 10), {}, (56, 56)),  # min_pixels = 56*56 scales it up
+        ((28, 28), {"min_pixels": 28 * 28}, (28, 28)),
+    ],
+)
 def test_smart_resize(hw, kw, expected):
     h, w = smart_resize(*hw, **kw)
     assert (h, w) == expected

@@ -2,6 +2,7 @@
 HOOK): their paths are checked before anything is built. Every run here passes CHECK_ONLY=1, which stops the
 script right after that check, so none of them can start a build (that takes minutes and root; it is what
 `make vm-image` runs, not tested here)."""
+
 from __future__ import annotations
 
 import os
@@ -24,9 +25,11 @@ def make_deb(folder: Path, package: str, name: str) -> Path:
     """A real (empty) Debian package named `package`, standing in for ChimeraX's 600 MB .deb."""
     root = folder / f"{package}-src"
     (root / "DEBIAN").mkdir(parents=True)
-    (root / "DEBIAN" / "control").write_text(f"Package: {package}\nVersion: 1.8-1\nArchitecture: all\n"
-                                             f"Maintainer: coda tests <tests@example.invalid>\n"
-                                             f"Description: stand-in for a test\n")
+    (root / "DEBIAN" / "control").write_text(
+        f"Package: {package}\nVersion: 1.8-1\nArchitecture: all\n"
+        f"Maintainer: coda tests <tests@example.invalid>\n"
+        f"Description: stand-in for a test\n"
+    )
     subprocess.run(["dpkg-deb", "--build", str(root), str(folder / name)], check=True, capture_output=True)
     return folder / name
 

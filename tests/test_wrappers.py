@@ -1,5 +1,6 @@
 """coda_env.wrappers: the mapping logic on a fake env (named as such), then every wrapper on real KAlgebra
 under Xvfb: SB3's and gymnasium's check_env, oracle-equivalent actions scoring 1.0, make_vec composition."""
+
 from __future__ import annotations
 
 import functools
@@ -14,22 +15,33 @@ import coda_env  # noqa: F401  (registers the env ids)
 from coda_env.actions import parse_action
 from coda_env.env import CodaEnv
 from coda_env.tasks import load_tasks
-from coda_env.wrappers import (ClickGrid, PixelObservation, PointerAction, RewardShaping, Vocabulary,
-                               decode_instruction, encode_instruction, screen_change_bonus, step_cost,
-                               vocabulary_from_tasks)
+from coda_env.wrappers import (
+    ClickGrid,
+    PixelObservation,
+    PointerAction,
+    RewardShaping,
+    Vocabulary,
+    decode_instruction,
+    encode_instruction,
+    screen_change_bonus,
+    step_cost,
+    vocabulary_from_tasks,
+)
 
-TAB_3D = (207, 53)              # the 3D Graph tab (tab_3d_graph's oracle click)
-TAB_BAR = (0, 41, 1016, 65)     # KAlgebra's tab strip
+TAB_3D = (207, 53)  # the 3D Graph tab (tab_3d_graph's oracle click)
+TAB_BAR = (0, 41, 1016, 65)  # KAlgebra's tab strip
 
 
 class FakeScreenEnv(gym.Env):
     """A FAKE of CodaEnv's spaces for fast mapping tests: a random screen, records the last action string."""
+
     metadata = {"render_modes": []}
 
     def __init__(self, width=320, height=200):
         self.width, self.height = width, height
-        self.observation_space = spaces.Dict({"screenshot": spaces.Box(0, 255, (height, width, 3), np.uint8),
-                                              "instruction": spaces.Text(100)})
+        self.observation_space = spaces.Dict(
+            {"screenshot": spaces.Box(0, 255, (height, width, 3), np.uint8), "instruction": spaces.Text(100)}
+        )
         self.action_space = spaces.Text(10_000)
         self.last = None
 
@@ -38,8 +50,10 @@ class FakeScreenEnv(gym.Env):
         return self._obs(), {}
 
     def _obs(self):
-        return {"screenshot": self.np_random.integers(0, 256, (self.height, self.width, 3), dtype=np.uint8),
-                "instruction": "Plot y=x²"}
+        return {
+            "screenshot": self.np_random.integers(0, 256, (self.height, self.width, 3), dtype=np.uint8),
+            "instruction": "Plot y=x²",
+        }
 
     def step(self, action):
         parse_action(action, (self.width, self.height))  # raises on anything the real env would reject
@@ -52,7 +66,7 @@ def test_tokenizer_round_trip_and_padding():
     ids = encode_instruction("Plot y=x²", 16)
     assert ids.shape == (16,) and ids.dtype == np.int64 and ids[-1] == 0 and ids.max() <= 256
     assert decode_instruction(ids) == "Plot y=x²"
-    assert np.array_equal(ids, encode_instruction("Plot y=x²", 16))       # deterministic
+    assert np.array_equal(ids, encode_instruction("Plot y=x²", 16))  # deterministic
     assert decode_instruction(encode_instruction("abcdef", 3)) == "abc"
 
 
@@ -111,8 +125,13 @@ def test_vocabulary_from_a_task_family():
     assert not any(v.startswith("ANS") for v in vocab)
     env = Vocabulary(FakeScreenEnv(1280, 800), vocab)
     ids = env.encode("a:=3^4")
-    assert [env.action(i) for i in ids] == ["pyautogui.write('a')", "pyautogui.write(':=')", "pyautogui.write('3')",
-                                            "pyautogui.write('^')", "pyautogui.write('4')"]
+    assert [env.action(i) for i in ids] == [
+        "pyautogui.write('a')",
+        "pyautogui.write(':=')",
+        "pyautogui.write('3')",
+        "pyautogui.write('^')",
+        "pyautogui.write('4')",
+    ]
     with pytest.raises(ValueError, match="not in the vocabulary"):
         env.encode("zebra")
     with pytest.raises(ValueError, match="not a valid action"):
@@ -126,7 +145,7 @@ def test_shaping_off_by_default_and_hooks():
     assert r == 0.0 and info["task_reward"] == 0.0 and info["shaping"] == 0.0
     shaped = RewardShaping(FakeScreenEnv(), [step_cost(0.1), screen_change_bonus(0.5)])
     shaped.reset(seed=0)
-    _, r, _, _, info = shaped.step("WAIT")   # the fake's screen is random: it changed
+    _, r, _, _, info = shaped.step("WAIT")  # the fake's screen is random: it changed
     assert r == pytest.approx(0.4) and info["task_reward"] == 0.0 and info["shaping"] == pytest.approx(0.4)
 
 
@@ -135,14 +154,18 @@ def _pixel_env(**kw):
     return PixelObservation(CodaEnv("kalgebra", task="tab_3d_graph", info_timings=False), **kw)
 
 
-@pytest.mark.parametrize("name, make", [
-    ("pixels+grid", lambda: ClickGrid(_pixel_env(), rows=4, cols=4)),
-    ("pixels(gray, tokens)+pointer", lambda: PointerAction(_pixel_env(grayscale=True, instruction="tokens"))),
-    ("pixels+vocabulary+shaping", lambda: RewardShaping(Vocabulary(_pixel_env()), [step_cost()])),
-])
+@pytest.mark.parametrize(
+    "name, make",
+    [
+        ("pixels+grid", lambda: ClickGrid(_pixel_env(), rows=4, cols=4)),
+        ("pixels(gray, tokens)+pointer", lambda: PointerAction(_pixel_env(grayscale=True, instruction="tokens"))),
+        ("pixels+vocabulary+shaping", lambda: RewardShaping(Vocabulary(_pixel_env()), [step_cost()])),
+    ],
+)
 def test_check_env_sb3_and_gymnasium(name, make):
     from gymnasium.utils.env_checker import check_env as gym_check_env
     from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
     env = make()
     try:
         with warnings.catch_warnings():
@@ -161,7 +184,7 @@ def test_grid_pointer_and_vocabulary_solve_real_tasks():
         obs, info = grid.reset(options={"task": "tab_3d_graph"})
         assert obs.shape == (84, 84, 3)
         grid.step(grid.index(*TAB_3D))
-        _, r, term, _, info = grid.step(grid.action_space.n - 1)       # DONE
+        _, r, term, _, info = grid.step(grid.action_space.n - 1)  # DONE
         assert term and r == 1.0, info
 
         pointer = PointerAction(env)
@@ -173,8 +196,11 @@ def test_grid_pointer_and_vocabulary_solve_real_tasks():
         vocab = RewardShaping(Vocabulary(env), [step_cost(0.01)])
         voc = vocab.env
         vocab.reset(options={"task": "calc_power"})
-        plan = ([voc.index("pyautogui.click(500, 751)")] + voc.encode("a:=3^4")
-                + [voc.index("pyautogui.press('enter')"), voc.index("DONE")])
+        plan = (
+            [voc.index("pyautogui.click(500, 751)")]
+            + voc.encode("a:=3^4")
+            + [voc.index("pyautogui.press('enter')"), voc.index("DONE")]
+        )
         assert len(plan) == 8
         for a in plan:
             _, r, term, trunc, info = vocab.step(a)
@@ -186,25 +212,32 @@ def test_grid_pointer_and_vocabulary_solve_real_tasks():
 
 
 def test_make_vec_with_wrappers_and_frame_stack():
-    envs = gym.make_vec("coda/KAlgebra-v0", num_envs=1, vectorization_mode="sync", task="tab_3d_graph", max_steps=30,
-                        wrappers=[functools.partial(PixelObservation, size=(64, 64), grayscale=True),
-                                  functools.partial(ClickGrid, rows=1, cols=12, kinds=("click",), region=TAB_BAR,
-                                                    extra=("WAIT", "DONE")),
-                                  functools.partial(gym.wrappers.FrameStackObservation, stack_size=2)])
+    envs = gym.make_vec(
+        "coda/KAlgebra-v0",
+        num_envs=1,
+        vectorization_mode="sync",
+        task="tab_3d_graph",
+        max_steps=30,
+        wrappers=[
+            functools.partial(PixelObservation, size=(64, 64), grayscale=True),
+            functools.partial(ClickGrid, rows=1, cols=12, kinds=("click",), region=TAB_BAR, extra=("WAIT", "DONE")),
+            functools.partial(gym.wrappers.FrameStackObservation, stack_size=2),
+        ],
+    )
     try:
         assert envs.single_observation_space.shape == (2, 64, 64, 1)
         assert envs.single_action_space == spaces.Discrete(14)
         obs, _ = envs.reset(seed=0)
         assert obs.shape == (1, 2, 64, 64, 1) and obs.std() > 0
         first = obs[0, 1]
-        obs, r, term, trunc, info = envs.step(np.array([2]))   # cell 2 of the tab strip: the 3D Graph tab
+        obs, r, term, trunc, info = envs.step(np.array([2]))  # cell 2 of the tab strip: the 3D Graph tab
         # the 3D view paints a while after the switch (longer on a loaded machine): WAIT until it shows
         for _ in range(20):
             if not np.array_equal(obs[0, 1], first):
                 break
             prev = obs
-            obs, r, term, trunc, info = envs.step(np.array([12]))   # WAIT
-            assert np.array_equal(obs[0, 0], prev[0, 1])           # the stack shifts by one frame per step
+            obs, r, term, trunc, info = envs.step(np.array([12]))  # WAIT
+            assert np.array_equal(obs[0, 0], prev[0, 1])  # the stack shifts by one frame per step
         assert not np.array_equal(obs[0, 1], first), "the 3D Graph tab never showed"
         obs, r, term, trunc, info = envs.step(np.array([13]))  # DONE
         assert term[0] and r[0] == 1.0

@@ -1,4 +1,5 @@
 """The local backend's key plan: what goes down and up for a keyboard action, known without an X server."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,13 +16,27 @@ def plan(code: str):
 
 
 def test_typing_taps_each_character_with_its_key_name():
-    assert plan("pyautogui.write('a b\\n')") == [("a", True), ("a", False), ("space", True), ("space", False),
-                                                 ("b", True), ("b", False), ("enter", True), ("enter", False)]
+    assert plan("pyautogui.write('a b\\n')") == [
+        ("a", True),
+        ("a", False),
+        ("space", True),
+        ("space", False),
+        ("b", True),
+        ("b", False),
+        ("enter", True),
+        ("enter", False),
+    ]
 
 
 def test_a_hotkey_presses_in_order_and_releases_in_reverse():
     assert plan("pyautogui.hotkey('ctrl', 'shift', 'a')") == [
-        ("ctrl", True), ("shift", True), ("a", True), ("a", False), ("shift", False), ("ctrl", False)]
+        ("ctrl", True),
+        ("shift", True),
+        ("a", True),
+        ("a", False),
+        ("shift", False),
+        ("ctrl", False),
+    ]
 
 
 def test_press_repeats_and_key_down_up_are_halves():

@@ -10,6 +10,7 @@ install.py turns the records into one .dist-info folder per bundle inside the en
 
 Usage: python tools/chimerax_gen_bundles.py /path/to/ChimeraX.git v1.7.1 > coda_env/apps/chimerax/engine/bundles.json
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,7 @@ import tomllib
 
 
 def _git(repo: str, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", repo, *args], check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(["git", "--git-dir", repo, *args], check=True, capture_output=True, text=True).stdout
 
 
 def _quote(v: str) -> str:
@@ -41,10 +41,16 @@ def from_xml(text: str) -> dict:
     root = ET.fromstring(text)
     a = root.attrib
     cats = [c.get("name") for cs in root.iter("Categories") for c in cs.iter("Category")]
-    cls = [f"ChimeraX :: Bundle :: {','.join(cats)} :: {a['minSessionVersion']},{a['maxSessionVersion']}"
-           f" :: {a['package']} :: {a.get('supercedes', '')} :: {a.get('customInit', '')}"]
-    for attr, kind in (("installedDataDir", "DataDir"), ("installedIncludeDir", "IncludeDir"),
-                       ("installedLibraryDir", "LibraryDir"), ("installedExecutableDir", "ExecutableDir")):
+    cls = [
+        f"ChimeraX :: Bundle :: {','.join(cats)} :: {a['minSessionVersion']},{a['maxSessionVersion']}"
+        f" :: {a['package']} :: {a.get('supercedes', '')} :: {a.get('customInit', '')}"
+    ]
+    for attr, kind in (
+        ("installedDataDir", "DataDir"),
+        ("installedIncludeDir", "IncludeDir"),
+        ("installedLibraryDir", "LibraryDir"),
+        ("installedExecutableDir", "ExecutableDir"),
+    ):
         if a.get(attr):
             cls.append(f"ChimeraX :: {kind} :: {a[attr]}")
     for ms in root.iter("Managers"):
@@ -65,10 +71,14 @@ def from_xml(text: str) -> dict:
         text_ = " ".join((c.text or "").split())
         cls.append(text_ if text_.startswith("ChimeraX") else "ChimeraX :: " + text_)
     syn = root.find("Synopsis")
-    return {"name": a["name"], "version": a["version"], "module": a["package"],
-            "synopsis": " ".join((syn.text or "").split()) if syn is not None else a["name"],
-            "requires": [d.get("name") for ds in root.iter("Dependencies") for d in ds.iter("Dependency")],
-            "classifiers": cls}
+    return {
+        "name": a["name"],
+        "version": a["version"],
+        "module": a["package"],
+        "synopsis": " ".join((syn.text or "").split()) if syn is not None else a["name"],
+        "requires": [d.get("name") for ds in root.iter("Dependencies") for d in ds.iter("Dependency")],
+        "classifiers": cls,
+    }
 
 
 def from_toml(text: str, version: str) -> dict | None:
@@ -79,15 +89,17 @@ def from_toml(text: str, version: str) -> dict | None:
         return None
     proj = d["project"]
     name = proj["name"]
-    module = "chimerax." + cx.get("module-name-override",
-                                   name.removeprefix("ChimeraX-").lower().replace("-", "_"))
+    module = "chimerax." + cx.get("module-name-override", name.removeprefix("ChimeraX-").lower().replace("-", "_"))
     cats = cx.get("categories", [])
-    cls = [f"ChimeraX :: Bundle :: {','.join(cats)} :: {cx.get('min-session-version', 1)},"
-           f"{cx.get('max-session-version', 1)} :: {module} :: :: "
-           f"{'true' if cx.get('custom-init') else ''}"]
+    cls = [
+        f"ChimeraX :: Bundle :: {','.join(cats)} :: {cx.get('min-session-version', 1)},"
+        f"{cx.get('max-session-version', 1)} :: {module} :: :: "
+        f"{'true' if cx.get('custom-init') else ''}"
+    ]
     for cname, c in cx.get("command", {}).items():
-        cls.append(f"ChimeraX :: Command :: {cname} :: {','.join(c.get('categories', cats))} :: "
-                   f"{c.get('description', cname)}")
+        cls.append(
+            f"ChimeraX :: Command :: {cname} :: {','.join(c.get('categories', cats))} :: {c.get('description', cname)}"
+        )
     for sname, s in cx.get("selector", {}).items():
         cls.append(f"ChimeraX :: Selector :: {sname} :: {s.get('description', sname)}")
     for mname, m in cx.get("manager", {}).items():
@@ -96,10 +108,12 @@ def from_toml(text: str, version: str) -> dict | None:
         kw = {k: v for k, v in p.items() if k != "manager"}
         cls.append(" :: ".join(["ChimeraX :: Provider", pname, p.get("manager", ""), *_kw(kw)]))
     for fname, f in cx.get("data-format", {}).items():
-        kw = {k: (",".join(v) if isinstance(v, list) else v) for k, v in f.items()
-              if k not in ("open", "save") and not isinstance(v, (dict,))}
-        kw = {k.replace("-", "_"): ("true" if v is True else "false" if v is False else v)
-              for k, v in kw.items()}
+        kw = {
+            k: (",".join(v) if isinstance(v, list) else v)
+            for k, v in f.items()
+            if k not in ("open", "save") and not isinstance(v, (dict,))
+        }
+        kw = {k.replace("-", "_"): ("true" if v is True else "false" if v is False else v) for k, v in kw.items()}
         cls.append(" :: ".join(["ChimeraX :: Provider", fname, "data formats", *_kw(kw)]))
         for op in ("open", "save"):
             for entry in f.get(op, []):
@@ -107,17 +121,26 @@ def from_toml(text: str, version: str) -> dict | None:
                 if entry.pop("type", None) == "fetch":
                     pname = entry.pop("name")
                     entry["format_name"] = entry.pop("format-name", fname)
-                    entry = {k.replace("-", "_"): ("true" if v is True else "false" if v is False else v)
-                             for k, v in entry.items()}
-                    cls.append(" :: ".join(["ChimeraX :: Provider", pname, "open command",
-                                            "type:fetch", *_kw(entry)]))
+                    entry = {
+                        k.replace("-", "_"): ("true" if v is True else "false" if v is False else v)
+                        for k, v in entry.items()
+                    }
+                    cls.append(" :: ".join(["ChimeraX :: Provider", pname, "open command", "type:fetch", *_kw(entry)]))
                 else:
-                    entry = {k.replace("-", "_"): ("true" if v is True else "false" if v is False else v)
-                             for k, v in entry.items()}
+                    entry = {
+                        k.replace("-", "_"): ("true" if v is True else "false" if v is False else v)
+                        for k, v in entry.items()
+                    }
                     cls.append(" :: ".join(["ChimeraX :: Provider", fname, f"{op} command", *_kw(entry)]))
     reqs = [re.split(r"[\s~=<>!]", r.strip(), maxsplit=1)[0] for r in proj.get("dependencies", [])]
-    return {"name": name, "version": version, "module": module, "synopsis": proj.get("description", name),
-            "requires": [r for r in reqs if r.startswith("ChimeraX-")], "classifiers": cls}
+    return {
+        "name": name,
+        "version": version,
+        "module": module,
+        "synopsis": proj.get("description", name),
+        "requires": [r for r in reqs if r.startswith("ChimeraX-")],
+        "classifiers": cls,
+    }
 
 
 def main(repo: str, tag: str) -> None:

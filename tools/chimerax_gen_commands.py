@@ -12,6 +12,7 @@ The engine lacks a few bundles (engine/README.md); the commands of those that th
 added from ChimeraX's source at v1.7.1 (EXTRA below). Names of commands the engine does not have are taken
 from bundles.json's declarations, so that an abbreviation of any of them is recognised as one.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,27 @@ from pathlib import Path
 
 # src/bundles/nucleotides/src/cmd.py and __init__.py at v1.7.1 (the engine does not register it):
 # `nucleotides` (required objects, representation) and the alias `~nucleotides` = "nucleotides $* atoms".
-_NUC = {"subcommands": [], "positionals": ["objects", "representation"],
-        "keywords": ["baseOnly", "dimensions", "glycosidic", "hideAtoms", "radius", "shape", "showOrientation",
-                     "showStubs", "thickness"]}
+_NUC = {
+    "subcommands": [],
+    "positionals": ["objects", "representation"],
+    "keywords": [
+        "baseOnly",
+        "dimensions",
+        "glycosidic",
+        "hideAtoms",
+        "radius",
+        "shape",
+        "showOrientation",
+        "showStubs",
+        "thickness",
+    ],
+}
 EXTRA = {"nucleotides": _NUC, "~nucleotides": _NUC}
 
 
 def main(out: str) -> None:
     from chimerax.core.commands import cli
+
     table: dict[str, dict] = {}
     failed: list[str] = []
 
@@ -39,7 +53,7 @@ def main(out: str) -> None:
                     sub.lazy_register(name)
                 except Exception:  # noqa: BLE001 - a bundle the engine lacks: its name still kept
                     failed.append(name)
-            entry: dict = {"subcommands": sorted(sub.subcommands)}   # (their order varies with start-up)
+            entry: dict = {"subcommands": sorted(sub.subcommands)}  # (their order varies with start-up)
             cd = sub.cmd_desc
             if isinstance(cd, cli.CmdDesc):
                 entry["keywords"] = sorted(cd._keyword_map)
@@ -48,7 +62,9 @@ def main(out: str) -> None:
             walk(sub, name)
 
     walk(cli._command_info.commands, "")
-    declared = json.loads((Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "engine" / "bundles.json").read_text())
+    declared = json.loads(
+        (Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "engine" / "bundles.json").read_text()
+    )
     for bundle in declared["bundles"]:
         for c in bundle.get("classifiers", []):
             parts = [p.strip() for p in c.split("::")]
@@ -56,7 +72,7 @@ def main(out: str) -> None:
                 table[parts[2]] = {"subcommands": [], "undeclared": True}
     for name, entry in EXTRA.items():
         table[name] = dict(entry)
-    for name in list(table):                     # a declared multi-word name: its first word is a command too
+    for name in list(table):  # a declared multi-word name: its first word is a command too
         words = name.split()
         for i in range(1, len(words)):
             parent, child = " ".join(words[:i]), words[i]
@@ -64,13 +80,18 @@ def main(out: str) -> None:
             if child not in p["subcommands"]:
                 p["subcommands"] = sorted([*p["subcommands"], child])
     top = sorted(n for n in table if " " not in n)
-    doc = {"source": "UCSF ChimeraX 1.7.1 (coda's engine: the ChimeraX==0.1.71 wheel) + engine/bundles.json "
-                     "+ EXTRA of gen_commands.py", "top": top, "failed": sorted(failed),
-           "commands": {n: table[n] for n in sorted(table)}}
+    doc = {
+        "source": "UCSF ChimeraX 1.7.1 (coda's engine: the ChimeraX==0.1.71 wheel) + engine/bundles.json "
+        "+ EXTRA of gen_commands.py",
+        "top": top,
+        "failed": sorted(failed),
+        "commands": {n: table[n] for n in sorted(table)},
+    }
     with open(out, "w") as f:
         f.write("{\n")
-        f.write(",\n".join(f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in doc.items()
-                           if k != "commands"))
+        f.write(
+            ",\n".join(f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in doc.items() if k != "commands")
+        )
         f.write(',\n"commands": {\n')
         f.write(",\n".join(f"{json.dumps(n)}: {json.dumps(e, sort_keys=True)}" for n, e in doc["commands"].items()))
         f.write("\n}}\n")
@@ -78,4 +99,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__" or "chimerax" in sys.modules:
-    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "commands.json"))
+    main(
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else str(Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "commands.json")
+    )

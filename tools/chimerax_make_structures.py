@@ -5,12 +5,13 @@ textbook values: an alpha helix (phi -57, psi -47) or a strand (phi -120, psi 13
 placed by hand. Run `python tools/chimerax_make_structures.py` to rewrite the .pdb files in coda_env/apps/chimerax/data/; the tests check that
 the shipped files are what this script writes.
 """
+
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "data"   # where the .pdb files go
+HERE = Path(__file__).resolve().parents[1] / "coda_env" / "apps" / "chimerax" / "data"  # where the .pdb files go
 
 # side chains: (atom, element, (ref1, ref2, ref3), bond, angle, dihedral); dihedral "chi" values are fixed
 SIDE = {
@@ -18,36 +19,58 @@ SIDE = {
     "ALA": [],
     "SER": [("OG", "O", ("N", "CA", "CB"), 1.42, 111.0, -60.0)],
     "CYS": [("SG", "S", ("N", "CA", "CB"), 1.81, 114.0, -60.0)],
-    "VAL": [("CG1", "C", ("N", "CA", "CB"), 1.53, 110.5, 175.0),
-            ("CG2", "C", ("N", "CA", "CB"), 1.53, 110.5, -65.0)],
-    "THR": [("OG1", "O", ("N", "CA", "CB"), 1.43, 109.5, -60.0),
-            ("CG2", "C", ("N", "CA", "CB"), 1.53, 111.0, 180.0)],
-    "LEU": [("CG", "C", ("N", "CA", "CB"), 1.53, 116.0, -60.0),
-            ("CD1", "C", ("CA", "CB", "CG"), 1.53, 110.5, 175.0),
-            ("CD2", "C", ("CA", "CB", "CG"), 1.53, 110.5, -65.0)],
-    "ASP": [("CG", "C", ("N", "CA", "CB"), 1.52, 113.0, -60.0),
-            ("OD1", "O", ("CA", "CB", "CG"), 1.25, 119.0, -30.0),
-            ("OD2", "O", ("CA", "CB", "CG"), 1.25, 119.0, 150.0)],
-    "ASN": [("CG", "C", ("N", "CA", "CB"), 1.52, 113.0, -60.0),
-            ("OD1", "O", ("CA", "CB", "CG"), 1.23, 121.0, -30.0),
-            ("ND2", "N", ("CA", "CB", "CG"), 1.33, 116.0, 150.0)],
-    "GLU": [("CG", "C", ("N", "CA", "CB"), 1.52, 114.0, -60.0),
-            ("CD", "C", ("CA", "CB", "CG"), 1.52, 113.0, 180.0),
-            ("OE1", "O", ("CB", "CG", "CD"), 1.25, 119.0, -30.0),
-            ("OE2", "O", ("CB", "CG", "CD"), 1.25, 119.0, 150.0)],
-    "LYS": [("CG", "C", ("N", "CA", "CB"), 1.52, 114.0, -60.0),
-            ("CD", "C", ("CA", "CB", "CG"), 1.52, 111.5, 180.0),
-            ("CE", "C", ("CB", "CG", "CD"), 1.52, 111.5, 180.0),
-            ("NZ", "N", ("CG", "CD", "CE"), 1.49, 111.5, 180.0)],
-    "PHE": [("CG", "C", ("N", "CA", "CB"), 1.50, 114.0, -60.0),
-            ("CD1", "C", ("CA", "CB", "CG"), 1.39, 120.7, 90.0),
-            ("CD2", "C", ("CA", "CB", "CG"), 1.39, 120.7, -90.0),
-            ("CE1", "C", ("CB", "CG", "CD1"), 1.39, 120.0, 180.0),
-            ("CE2", "C", ("CB", "CG", "CD2"), 1.39, 120.0, 180.0),
-            ("CZ", "C", ("CG", "CD1", "CE1"), 1.39, 120.0, 0.0)],
+    "VAL": [("CG1", "C", ("N", "CA", "CB"), 1.53, 110.5, 175.0), ("CG2", "C", ("N", "CA", "CB"), 1.53, 110.5, -65.0)],
+    "THR": [("OG1", "O", ("N", "CA", "CB"), 1.43, 109.5, -60.0), ("CG2", "C", ("N", "CA", "CB"), 1.53, 111.0, 180.0)],
+    "LEU": [
+        ("CG", "C", ("N", "CA", "CB"), 1.53, 116.0, -60.0),
+        ("CD1", "C", ("CA", "CB", "CG"), 1.53, 110.5, 175.0),
+        ("CD2", "C", ("CA", "CB", "CG"), 1.53, 110.5, -65.0),
+    ],
+    "ASP": [
+        ("CG", "C", ("N", "CA", "CB"), 1.52, 113.0, -60.0),
+        ("OD1", "O", ("CA", "CB", "CG"), 1.25, 119.0, -30.0),
+        ("OD2", "O", ("CA", "CB", "CG"), 1.25, 119.0, 150.0),
+    ],
+    "ASN": [
+        ("CG", "C", ("N", "CA", "CB"), 1.52, 113.0, -60.0),
+        ("OD1", "O", ("CA", "CB", "CG"), 1.23, 121.0, -30.0),
+        ("ND2", "N", ("CA", "CB", "CG"), 1.33, 116.0, 150.0),
+    ],
+    "GLU": [
+        ("CG", "C", ("N", "CA", "CB"), 1.52, 114.0, -60.0),
+        ("CD", "C", ("CA", "CB", "CG"), 1.52, 113.0, 180.0),
+        ("OE1", "O", ("CB", "CG", "CD"), 1.25, 119.0, -30.0),
+        ("OE2", "O", ("CB", "CG", "CD"), 1.25, 119.0, 150.0),
+    ],
+    "LYS": [
+        ("CG", "C", ("N", "CA", "CB"), 1.52, 114.0, -60.0),
+        ("CD", "C", ("CA", "CB", "CG"), 1.52, 111.5, 180.0),
+        ("CE", "C", ("CB", "CG", "CD"), 1.52, 111.5, 180.0),
+        ("NZ", "N", ("CG", "CD", "CE"), 1.49, 111.5, 180.0),
+    ],
+    "PHE": [
+        ("CG", "C", ("N", "CA", "CB"), 1.50, 114.0, -60.0),
+        ("CD1", "C", ("CA", "CB", "CG"), 1.39, 120.7, 90.0),
+        ("CD2", "C", ("CA", "CB", "CG"), 1.39, 120.7, -90.0),
+        ("CE1", "C", ("CB", "CG", "CD1"), 1.39, 120.0, 180.0),
+        ("CE2", "C", ("CB", "CG", "CD2"), 1.39, 120.0, 180.0),
+        ("CZ", "C", ("CG", "CD1", "CE1"), 1.39, 120.0, 0.0),
+    ],
 }
-ONE = {"G": "GLY", "A": "ALA", "S": "SER", "C": "CYS", "V": "VAL", "T": "THR", "L": "LEU", "D": "ASP",
-       "N": "ASN", "E": "GLU", "K": "LYS", "F": "PHE"}
+ONE = {
+    "G": "GLY",
+    "A": "ALA",
+    "S": "SER",
+    "C": "CYS",
+    "V": "VAL",
+    "T": "THR",
+    "L": "LEU",
+    "D": "ASP",
+    "N": "ASN",
+    "E": "GLU",
+    "K": "LYS",
+    "F": "PHE",
+}
 
 
 def _sub(a, b):
@@ -102,16 +125,20 @@ def chain(seq: str, phi: float, psi: float, origin=(0.0, 0.0, 0.0)) -> list[tupl
 
 
 def pdb(title: str, chains: dict[str, list], hets: list[tuple[str, str, int, list]] = ()) -> str:
-    lines = [f"HEADER    {'DE NOVO PROTEIN':<40}05-DEC-26   XXXX",
-             f"TITLE     {title.upper()}",
-             "REMARK   1 GENERATED BY CODA make_structures.py (IDEAL GEOMETRY, NOT EXPERIMENTAL)"]
+    lines = [
+        f"HEADER    {'DE NOVO PROTEIN':<40}05-DEC-26   XXXX",
+        f"TITLE     {title.upper()}",
+        "REMARK   1 GENERATED BY CODA make_structures.py (IDEAL GEOMETRY, NOT EXPERIMENTAL)",
+    ]
     serial = 1
     for cid, residues in chains.items():
         for rnum, (rname, atoms) in enumerate(residues, start=1):
             for aname, el, (x, y, z) in atoms:
                 aname_f = f" {aname:<3}" if len(aname) < 4 else aname
-                lines.append(f"ATOM  {serial:5d} {aname_f} {rname:>3} {cid}{rnum:4d}    "
-                             f"{x:8.3f}{y:8.3f}{z:8.3f}  1.00 20.00          {el:>2}")
+                lines.append(
+                    f"ATOM  {serial:5d} {aname_f} {rname:>3} {cid}{rnum:4d}    "
+                    f"{x:8.3f}{y:8.3f}{z:8.3f}  1.00 20.00          {el:>2}"
+                )
                 serial += 1
         last = residues[-1][0]
         lines.append(f"TER   {serial:5d}      {last:>3} {cid}{len(residues):4d}")
@@ -119,8 +146,10 @@ def pdb(title: str, chains: dict[str, list], hets: list[tuple[str, str, int, lis
     for rname, cid, rnum, atoms in hets:
         for aname, el, (x, y, z) in atoms:
             aname_f = f" {aname:<3}" if len(aname) < 4 else aname
-            lines.append(f"HETATM{serial:5d} {aname_f} {rname:>3} {cid}{rnum:4d}    "
-                         f"{x:8.3f}{y:8.3f}{z:8.3f}  1.00 20.00          {el:>2}")
+            lines.append(
+                f"HETATM{serial:5d} {aname_f} {rname:>3} {cid}{rnum:4d}    "
+                f"{x:8.3f}{y:8.3f}{z:8.3f}  1.00 20.00          {el:>2}"
+            )
             serial += 1
     lines.append("END")
     return "\n".join(lines) + "\n"
@@ -134,14 +163,16 @@ def build() -> dict[str, str]:
     helix_a = chain("MAEKLFKSAVDTLGKC".replace("M", "A"), -57.0, -47.0)
     helix_b = _shift(chain("SLEEKVKNFLDGA", -57.0, -47.0), 0.0, 10.0, 0.0)
     # ethanol (EOH) between the helices, three waters beside them
-    eoh = ("EOH", "A", 101, [("C1", "C", (8.0, 5.0, 1.0)), ("C2", "C", (9.2, 5.6, 1.7)),
-                             ("O", "O", (7.2, 5.9, 0.3))])
-    waters = [("HOH", "A", 201 + i, [("O", "O", xyz)])
-              for i, xyz in enumerate([(4.0, -4.0, 6.0), (12.0, 5.0, -4.0), (-3.0, 12.0, 5.0)])]
+    eoh = ("EOH", "A", 101, [("C1", "C", (8.0, 5.0, 1.0)), ("C2", "C", (9.2, 5.6, 1.7)), ("O", "O", (7.2, 5.9, 0.3))])
+    waters = [
+        ("HOH", "A", 201 + i, [("O", "O", xyz)])
+        for i, xyz in enumerate([(4.0, -4.0, 6.0), (12.0, 5.0, -4.0), (-3.0, 12.0, 5.0)])
+    ]
     strand = chain("TKVEVNGSF", -120.0, 130.0)
     return {
-        "twohelix.pdb": pdb("two ideal alpha helices with an ethanol and three waters",
-                            {"A": helix_a, "B": helix_b}, [eoh, *waters]),
+        "twohelix.pdb": pdb(
+            "two ideal alpha helices with an ethanol and three waters", {"A": helix_a, "B": helix_b}, [eoh, *waters]
+        ),
         "strand.pdb": pdb("one ideal beta strand", {"A": strand}),
     }
 

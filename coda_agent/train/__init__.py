@@ -6,6 +6,7 @@ override it), and each run writes the full config it used to OUT/config.json, so
 with `--config runs/X/config.json`. Adding a method: a new file here defining `METHOD = Method(...)` (its
 config, `run(cfg, progress) -> records`) and its line in METHODS. What methods share is in common.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,15 +19,18 @@ from pathlib import Path
 from . import coda, grpo, sft
 from .common import Method
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    coda.METHOD,            # stage 1 as published: step-level decoupled GRPO over state datasets (TRL)
-    grpo.METHOD,            # stage 1, episodic: decoupled GRPO on the planner over whole episodes
-    sft.METHOD,             # stage 2: generalist SFT on successful trajectories
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        coda.METHOD,  # stage 1 as published: step-level decoupled GRPO over state datasets (TRL)
+        grpo.METHOD,  # stage 1, episodic: decoupled GRPO on the planner over whole episodes
+        sft.METHOD,  # stage 2: generalist SFT on successful trajectories
+    )
+}
 
 
 def _flag_type(t):
-    if typing.get_origin(t) in (typing.Union, types.UnionType):          # X | None -> X
+    if typing.get_origin(t) in (typing.Union, types.UnionType):  # X | None -> X
         t = next(a for a in typing.get_args(t) if a is not type(None))
     return t
 

@@ -36,6 +36,7 @@ At scale the same command runs under `accelerate launch` (configs/accelerate/: o
 with `--use-vllm` (TRL's colocate mode, or `--vllm-mode server` beside `trl vllm-serve`); the executor is then
 best an OpenAI-compatible endpoint (vLLM serving UI-TARS-1.5) that every process calls.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,25 +59,43 @@ from .rewards import DEFAULT_SCALE, action_reward, execute_plans  # action_rewar
 @dataclass
 class CodaConfig(TrainConfig):
     """`coda train coda`: every field is a flag whose help shows its default."""
-    planner: str = opt("", "the Qwen2.5-VL planner that is trained: a local checkpoint directory (nothing is "
-                           "downloaded; OUT/planner is the trained copy)")
+
+    planner: str = opt(
+        "",
+        "the Qwen2.5-VL planner that is trained: a local checkpoint directory (nothing is "
+        "downloaded; OUT/planner is the trained copy)",
+    )
     data: list[str] = opt([], "state datasets to train on (folders written by `coda data states`)", "--states")
-    eval_data: list[str] = opt([], "held-out state datasets: the planner's mean reward on them before and after "
-                                   "training (and every --eval-steps), as eval_reward in the metrics")
-    app: str | None = opt(None, "the app whose states are trained (default: the datasets' own; with --env, its "
-                                "app); states of another app are refused")
-    out: str = opt("runs/coda", "run folder: config.json, metrics.jsonl, tb/, checkpoints/, planner/ "
-                                "(with --rounds: round_NN/ per round)")
-    executor: str = opt("", "the fixed executor that turns each sampled plan into an action: a11y (grounds the "
-                            "plan through the app's accessibility tree; no model), a UI-TARS-1.5 checkpoint "
-                            "directory, or an http(s):// OpenAI-compatible endpoint")
+    eval_data: list[str] = opt(
+        [],
+        "held-out state datasets: the planner's mean reward on them before and after "
+        "training (and every --eval-steps), as eval_reward in the metrics",
+    )
+    app: str | None = opt(
+        None,
+        "the app whose states are trained (default: the datasets' own; with --env, its "
+        "app); states of another app are refused",
+    )
+    out: str = opt(
+        "runs/coda",
+        "run folder: config.json, metrics.jsonl, tb/, checkpoints/, planner/ (with --rounds: round_NN/ per round)",
+    )
+    executor: str = opt(
+        "",
+        "the fixed executor that turns each sampled plan into an action: a11y (grounds the "
+        "plan through the app's accessibility tree; no model), a UI-TARS-1.5 checkpoint "
+        "directory, or an http(s):// OpenAI-compatible endpoint",
+    )
     executor_model: str | None = opt(None, "model name at the executor endpoint (default: the one it serves)")
     executor_tries: int = opt(3, "executor attempts when its answer does not parse (temperature 1.0)")
     executor_max_new_tokens: int = opt(128, "tokens per executor answer")
     group_size: int = opt(8, "plans sampled per state: the GRPO group G (TRL's num_generations)")
     states_per_step: int = opt(4, "states per optimizer step, over all processes (each gives G plans)")
-    micro_batch: int = opt(8, "completions per forward pass per device (gradient accumulation over the rest; "
-                              "states-per-step x G must divide by micro-batch x processes)")
+    micro_batch: int = opt(
+        8,
+        "completions per forward pass per device (gradient accumulation over the rest; "
+        "states-per-step x G must divide by micro-batch x processes)",
+    )
     max_steps: int = opt(-1, "optimizer steps (-1: --epochs passes over the states)")
     epochs: float = opt(1.0, "passes over the states when --max-steps is -1")
     lr: float = opt(1e-6, "AdamW learning rate")
@@ -89,11 +108,13 @@ class CodaConfig(TrainConfig):
     clip_eps: float = opt(0.2, "PPO clip range of the ratio (epsilon)")
     clip_eps_high: float | None = opt(None, "upper clip range (DAPO's clip-higher; default: --clip-eps)")
     updates_per_batch: int = opt(1, "optimizer passes over each generated batch (TRL's num_iterations, mu)")
-    loss_type: str = opt("grpo", "TRL loss aggregation: grpo (per completion, as the GRPO paper) | dapo | "
-                                 "dr_grpo | bnpo")
+    loss_type: str = opt(
+        "grpo", "TRL loss aggregation: grpo (per completion, as the GRPO paper) | dapo | dr_grpo | bnpo"
+    )
     scale_rewards: str = opt("group", "reward normalisation: group (A = (r - mean) / std per state) | batch | none")
-    reward_scale: float = opt(DEFAULT_SCALE, "pixels over which a click's distance reward falls to 1/e outside "
-                                             "the target's box")
+    reward_scale: float = opt(
+        DEFAULT_SCALE, "pixels over which a click's distance reward falls to 1/e outside the target's box"
+    )
     history_images: int = opt(2, "screenshots of earlier steps in each planner prompt (as the live agent)")
     logging_steps: int = opt(1, "optimizer steps between metric records")
     save_steps: int = opt(50, "optimizer steps between checkpoints (OUT/checkpoints/checkpoint-N)")
@@ -103,8 +124,9 @@ class CodaConfig(TrainConfig):
     bf16: bool | None = opt(None, "bfloat16 training (default: on a GPU)")
     gradient_checkpointing: bool = opt(False, "recompute activations in the backward pass (less memory)")
     use_vllm: bool = opt(False, "generate the plans with vLLM (TRL's integration; needs the vllm package and a GPU)")
-    vllm_mode: str = opt("colocate", "colocate (vLLM inside each training process) | server (a `trl vllm-serve` "
-                                     "process on other GPUs)")
+    vllm_mode: str = opt(
+        "colocate", "colocate (vLLM inside each training process) | server (a `trl vllm-serve` process on other GPUs)"
+    )
     vllm_server_base_url: str | None = opt(None, "server mode: the vLLM server's base URL (overrides host and port)")
     vllm_server_host: str = opt("0.0.0.0", "server mode: the vLLM server's host")
     vllm_server_port: int = opt(8000, "server mode: the vLLM server's port")
@@ -121,34 +143,51 @@ class CodaConfig(TrainConfig):
     episode_steps: int | None = opt(None, "step budget per live episode (default: each task's own)")
     live_temperature: float = opt(1.0, "planner temperature in the live runs")
     oracle_states: bool = opt(True, "round 0 also trains on the states of the tasks' oracle replays")
-    judge: list[str] = opt([], "judge models (paths or URLs) that decide which live episodes succeeded "
-                               "(default: the tasks' checks)")
+    judge: list[str] = opt(
+        [], "judge models (paths or URLs) that decide which live episodes succeeded (default: the tasks' checks)"
+    )
     threshold: float = opt(0.5, "judge score an episode needs to count as successful")
-    launcher: str | None = opt(None, "run each round's GRPO as `LAUNCHER coda train coda ...`, e.g. "
-                                     "\"accelerate launch --config_file configs/accelerate/multi_gpu_zero3.yaml\"")
+    launcher: str | None = opt(
+        None,
+        "run each round's GRPO as `LAUNCHER coda train coda ...`, e.g. "
+        '"accelerate launch --config_file configs/accelerate/multi_gpu_zero3.yaml"',
+    )
 
 
 # ------------------------------------------------------------------------------------------ the reward
-def score_plans(executor, rows: Sequence[dict], texts: Sequence[str], scale: float = DEFAULT_SCALE
-                ) -> tuple[list[float], dict[str, float]]:
+def score_plans(
+    executor, rows: Sequence[dict], texts: Sequence[str], scale: float = DEFAULT_SCALE
+) -> tuple[list[float], dict[str, float]]:
     """The reward of each sampled plan (`texts[i]` at state `rows[i]`): the executor's action scored by
     `action_reward` against the state's target, 0 when the plan or the executor's output does not parse.
     Returns (rewards, rates): planner and executor parse-error rates and the type-match rate of the batch."""
     counts: dict[str, int] = {}
     from ..states import state_observation
-    actions = execute_plans(executor, [(r["instruction"], t, state_observation(r)) for r, t in zip(rows, texts)],
-                            counts)
+
+    actions = execute_plans(
+        executor, [(r["instruction"], t, state_observation(r)) for r, t in zip(rows, texts)], counts
+    )
     rewards = []
     for r, a in zip(rows, actions):
         box = list(r["box"]) if r.get("box") is not None else None
         radius = r.get("radius")
-        rewards.append(action_reward(a, r["target"], box or None, tuple(r["screen"]), scale=scale,
-                                     **({"radius": float(radius)} if radius else {})))
+        rewards.append(
+            action_reward(
+                a,
+                r["target"],
+                box or None,
+                tuple(r["screen"]),
+                scale=scale,
+                **({"radius": float(radius)} if radius else {}),
+            )
+        )
     n = max(1, len(texts))
     plans = max(1, counts.get("plans", 0) - counts.get("plan_parse_errors", 0) - counts.get("terminal", 0))
-    rates = {"planner/parse_error_rate": counts.get("plan_parse_errors", 0) / n,
-             "executor/parse_error_rate": counts.get("executor_parse_errors", 0) / plans,
-             "reward/type_match_rate": sum(x >= 1.0 for x in rewards) / n}
+    rates = {
+        "planner/parse_error_rate": counts.get("plan_parse_errors", 0) / n,
+        "executor/parse_error_rate": counts.get("executor_parse_errors", 0) / plans,
+        "reward/type_match_rate": sum(x >= 1.0 for x in rewards) / n,
+    }
     return rewards, rates
 
 
@@ -157,7 +196,7 @@ class ExecutorReward:
     against the state's labelled target. TRL calls it with the completions and every dataset column, one entry
     per completion; it logs the planner's and the executor's parse-error rates and the type-match rate."""
 
-    __name__ = "action_reward"                  # the name TRL logs the reward under (rewards/action_reward/...)
+    __name__ = "action_reward"  # the name TRL logs the reward under (rewards/action_reward/...)
 
     def __init__(self, executor, scale: float = DEFAULT_SCALE):
         self.executor = executor
@@ -165,8 +204,10 @@ class ExecutorReward:
 
     def __call__(self, prompts, completions, log_metric=None, **columns) -> list[float]:
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-        rows = [{k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(texts)}
-                for i in range(len(texts))]
+        rows = [
+            {k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(texts)}
+            for i in range(len(texts))
+        ]
         rewards, rates = score_plans(self.executor, rows, texts, self.scale)
         if log_metric is not None:
             for k, v in rates.items():
@@ -180,82 +221,132 @@ def make_executor(cfg: CodaConfig, app: str, screen: tuple[int, int] = (1280, 80
     training)."""
     from ..models import ModelError, OpenAIVLM, SamplingParams
     from ..policy import make_executor as agents_executor
+
     spec = cfg.executor
     if not spec:
         raise ValueError("coda train coda needs --executor a11y|DIR|URL (the fixed executor)")
     if spec.startswith(("http://", "https://")):
         try:
-            OpenAIVLM(spec, model=None, retries=1, backoff=0.5, timeout=10).model       # GET /models
+            OpenAIVLM(spec, model=None, retries=1, backoff=0.5, timeout=10).model  # GET /models
         except ModelError as e:
             raise ValueError(f"--executor {spec}: {e}") from None
     elif spec != "a11y" and not Path(spec).is_dir():
         raise ValueError(f"--executor {spec!r} is neither a11y, a checkpoint directory nor an http(s):// URL")
-    return agents_executor(spec, screen, cfg.executor_model, {"device": cfg.device} if cfg.device else {},
-                           cfg.executor_tries, SamplingParams(max_new_tokens=cfg.executor_max_new_tokens,
-                                                              temperature=1.0))
+    return agents_executor(
+        spec,
+        screen,
+        cfg.executor_model,
+        {"device": cfg.device} if cfg.device else {},
+        cfg.executor_tries,
+        SamplingParams(max_new_tokens=cfg.executor_max_new_tokens, temperature=1.0),
+    )
 
 
 # ------------------------------------------------------------------------------------------ one GRPO run
 def _world_size() -> int:
     from accelerate import PartialState
+
     return PartialState().num_processes
 
 
 def _checkpointing_field() -> str:
     """transformers renamed gradient_checkpointing to activation_checkpointing (5.2x); TRL 1.16 runs on both."""
     from trl import GRPOConfig
-    return "activation_checkpointing" if "activation_checkpointing" in {f.name for f in fields(GRPOConfig)} \
+
+    return (
+        "activation_checkpointing"
+        if "activation_checkpointing" in {f.name for f in fields(GRPOConfig)}
         else "gradient_checkpointing"
+    )
 
 
 def grpo_args(cfg: CodaConfig, out: Path, processor, has_eval: bool, progress: bool = True):
     """trl.GRPOConfig from our settings (the mapping, in one place)."""
     import torch
     from trl import GRPOConfig
+
     world = _world_size()
     per_step = cfg.states_per_step * cfg.group_size
     if per_step % (cfg.micro_batch * world):
-        raise ValueError(f"--states-per-step {cfg.states_per_step} x --group-size {cfg.group_size} = {per_step} "
-                         f"completions per step must divide by --micro-batch {cfg.micro_batch} x {world} "
-                         "process(es)")
+        raise ValueError(
+            f"--states-per-step {cfg.states_per_step} x --group-size {cfg.group_size} = {per_step} "
+            f"completions per step must divide by --micro-batch {cfg.micro_batch} x {world} "
+            "process(es)"
+        )
     if cfg.group_size < 2:
         raise ValueError("--group-size must be at least 2 (advantages are relative within the group)")
     cuda = torch.cuda.is_available() and (cfg.device or "cuda").startswith("cuda")
     bf16 = cuda if cfg.bf16 is None else cfg.bf16
     checkpointing = _checkpointing_field()
     gen_kwargs = None
-    if not cfg.use_vllm:             # the policy never writes vision placeholders (as TransformersVLM.generate)
+    if not cfg.use_vllm:  # the policy never writes vision placeholders (as TransformersVLM.generate)
         gen_kwargs = {"suppress_tokens": processor.vision_token_ids()}
     return GRPOConfig(
-        output_dir=str(out / "checkpoints"), seed=cfg.seed, use_cpu=not cuda, bf16=bf16, fp16=False,
-        learning_rate=cfg.lr, lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_steps,
-        max_grad_norm=cfg.max_grad_norm, weight_decay=0.0,
-        per_device_train_batch_size=cfg.micro_batch, gradient_accumulation_steps=per_step // (cfg.micro_batch * world),
+        output_dir=str(out / "checkpoints"),
+        seed=cfg.seed,
+        use_cpu=not cuda,
+        bf16=bf16,
+        fp16=False,
+        learning_rate=cfg.lr,
+        lr_scheduler_type=cfg.lr_scheduler,
+        warmup_steps=cfg.warmup_steps,
+        max_grad_norm=cfg.max_grad_norm,
+        weight_decay=0.0,
+        per_device_train_batch_size=cfg.micro_batch,
+        gradient_accumulation_steps=per_step // (cfg.micro_batch * world),
         per_device_eval_batch_size=cfg.micro_batch,
-        num_generations=cfg.group_size, num_generations_eval=cfg.eval_generations or cfg.group_size,
-        max_steps=cfg.max_steps, num_train_epochs=cfg.epochs,
-        temperature=cfg.temperature, top_p=cfg.top_p, top_k=0, max_completion_length=cfg.max_new_tokens,
+        num_generations=cfg.group_size,
+        num_generations_eval=cfg.eval_generations or cfg.group_size,
+        max_steps=cfg.max_steps,
+        num_train_epochs=cfg.epochs,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=0,
+        max_completion_length=cfg.max_new_tokens,
         generation_kwargs=gen_kwargs,
-        beta=cfg.kl_coef, epsilon=cfg.clip_eps, epsilon_high=cfg.clip_eps_high, num_iterations=cfg.updates_per_batch,
-        loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
+        beta=cfg.kl_coef,
+        epsilon=cfg.clip_eps,
+        epsilon_high=cfg.clip_eps_high,
+        num_iterations=cfg.updates_per_batch,
+        loss_type=cfg.loss_type,
+        scale_rewards=cfg.scale_rewards,
         **{checkpointing: cfg.gradient_checkpointing},
-        logging_steps=cfg.logging_steps, logging_first_step=True, report_to=[], disable_tqdm=not progress,
-        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=cfg.save_total_limit,
+        logging_steps=cfg.logging_steps,
+        logging_first_step=True,
+        report_to=[],
+        disable_tqdm=not progress,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
         eval_strategy="steps" if has_eval and cfg.eval_steps > 0 else "no",
         eval_steps=cfg.eval_steps if cfg.eval_steps > 0 else None,
-        remove_unused_columns=False, dataloader_num_workers=0,
-        model_init_kwargs={"dtype": "bfloat16" if bf16 else "float32", "local_files_only": True,
-                           "device_map": None},
-        use_vllm=cfg.use_vllm, vllm_mode=cfg.vllm_mode, vllm_server_base_url=cfg.vllm_server_base_url,
-        vllm_server_host=cfg.vllm_server_host, vllm_server_port=cfg.vllm_server_port,
-        vllm_server_timeout=cfg.vllm_server_timeout, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size, vllm_enable_sleep_mode=cfg.vllm_enable_sleep_mode,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        model_init_kwargs={"dtype": "bfloat16" if bf16 else "float32", "local_files_only": True, "device_map": None},
+        use_vllm=cfg.use_vllm,
+        vllm_mode=cfg.vllm_mode,
+        vllm_server_base_url=cfg.vllm_server_base_url,
+        vllm_server_host=cfg.vllm_server_host,
+        vllm_server_port=cfg.vllm_server_port,
+        vllm_server_timeout=cfg.vllm_server_timeout,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+        vllm_enable_sleep_mode=cfg.vllm_enable_sleep_mode,
     )
 
 
-def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, executor=None, train_states=None,
-                  eval_states=None, progress: bool = True, extra_log: dict | None = None,
-                  extra_rewards: Sequence = ()):
+def build_trainer(
+    cfg: CodaConfig,
+    out: Path,
+    model=None,
+    processor=None,
+    executor=None,
+    train_states=None,
+    eval_states=None,
+    progress: bool = True,
+    extra_log: dict | None = None,
+    extra_rewards: Sequence = (),
+):
     """The trl.GRPOTrainer of a run (not started): the planner (cfg.planner, or `model`: a model object), the
     states (cfg.data, or `train_states`), the reward through the executor (cfg.executor, or `executor`), LoRA
     (cfg.lora_r > 0) or full weights, our metrics callback. `extra_rewards` are added to the reward (TRL sums
@@ -263,6 +354,7 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
     from trl import GRPOTrainer
 
     from .steplevel import ImageTextProcessor, PromptTransform, RunLogCallback, load_states
+
     if model is None:
         if not cfg.planner:
             raise ValueError("coda train coda needs --planner DIR (a local checkpoint: its weights are trained)")
@@ -276,9 +368,12 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
         app = cfg.app or train_states.unique("app")[0]
     if cfg.use_vllm:
         import importlib.util
+
         if importlib.util.find_spec("vllm") is None:
-            raise ValueError("--use-vllm needs the vllm package (pip install vllm) and a GPU; without it the plans "
-                             "are generated with transformers")
+            raise ValueError(
+                "--use-vllm needs the vllm package (pip install vllm) and a GPU; without it the plans "
+                "are generated with transformers"
+            )
     if eval_states is None and cfg.eval_data:
         eval_states, _ = load_states(cfg.eval_data, app)
     if processor is None:
@@ -287,7 +382,7 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
     if executor is None:
         executor = make_executor(cfg, app, screen)
     transform = PromptTransform(cfg.history_images)
-    for ds in (train_states, eval_states):          # a prompt the states cannot give fails now, in one line
+    for ds in (train_states, eval_states):  # a prompt the states cannot give fails now, in one line
         if ds is not None:
             try:
                 transform(ds[:1])
@@ -296,44 +391,62 @@ def build_trainer(cfg: CodaConfig, out: Path, model=None, processor=None, execut
     peft_config = None
     if cfg.lora_r > 0:
         from peft import LoraConfig
-        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                 target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM")
+
+        peft_config = LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=list(cfg.lora_targets),
+            task_type="CAUSAL_LM",
+        )
     args = grpo_args(cfg, out, processor, eval_states is not None, progress)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = GRPOTrainer(
         model=model if model is not None else cfg.planner,
         reward_funcs=[ExecutorReward(executor, cfg.reward_scale), *extra_rewards],
-        args=args, train_dataset=train_states.with_transform(transform),
+        args=args,
+        train_dataset=train_states.with_transform(transform),
         eval_dataset=eval_states.with_transform(transform) if eval_states is not None else None,
-        processing_class=processor, peft_config=peft_config,
-        callbacks=[RunLogCallback(out, extra_log)])
-    if not progress:                            # --quiet: no progress bar, and no log dicts printed either
+        processing_class=processor,
+        peft_config=peft_config,
+        callbacks=[RunLogCallback(out, extra_log)],
+    )
+    if not progress:  # --quiet: no progress bar, and no log dicts printed either
         from transformers.trainer_callback import PrinterCallback
+
         trainer.remove_callback(PrinterCallback)
     return trainer
 
 
-def train_once(cfg: CodaConfig, out: Path | None = None, model=None, processor=None, executor=None,
-               train_states=None, eval_states=None, progress: bool = True, extra_log: dict | None = None
-               ) -> dict:
+def train_once(
+    cfg: CodaConfig,
+    out: Path | None = None,
+    model=None,
+    processor=None,
+    executor=None,
+    train_states=None,
+    eval_states=None,
+    progress: bool = True,
+    extra_log: dict | None = None,
+) -> dict:
     """One GRPO run over state datasets (`build_trainer`, then `run_trainer`). Returns its summary record."""
     out = Path(out or cfg.out)
     trainer = build_trainer(cfg, out, model, processor, executor, train_states, eval_states, progress, extra_log)
     return run_trainer(trainer, cfg, out, base=cfg.planner if model is None else None, extra_log=extra_log)
 
 
-def run_trainer(trainer, cfg: CodaConfig, out: Path, base: str | None = None, extra_log: dict | None = None
-                ) -> dict:
+def run_trainer(trainer, cfg: CodaConfig, out: Path, base: str | None = None, extra_log: dict | None = None) -> dict:
     """Held-out reward before (with --eval-data), training (resumed from the newest checkpoint unless
     --no-resume), held-out reward after, and the planner exported to OUT/planner (merged into `base`, the
     planner's checkpoint directory, or into a copy of the in-memory model when None). Returns a summary
     record, also the last line of OUT/metrics.jsonl."""
     from .steplevel import export_planner, last_checkpoint
+
     out = Path(out)
     if trainer.accelerator.is_main_process:
         write_config(out, cfg)
     resume = last_checkpoint(out / "checkpoints") if cfg.resume else None
-    if resume is None and trainer.accelerator.is_main_process:      # a fresh run: no stale records or checkpoints
+    if resume is None and trainer.accelerator.is_main_process:  # a fresh run: no stale records or checkpoints
         (out / "metrics.jsonl").unlink(missing_ok=True)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
@@ -342,8 +455,9 @@ def run_trainer(trainer, cfg: CodaConfig, out: Path, base: str | None = None, ex
         summary["eval_reward_before"] = trainer.evaluate()["eval_reward"]
     t0 = time.monotonic()
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    summary.update(train_seconds=time.monotonic() - t0, steps=trainer.state.global_step,
-                   train_loss=result.training_loss)
+    summary.update(
+        train_seconds=time.monotonic() - t0, steps=trainer.state.global_step, train_loss=result.training_loss
+    )
     if trainer.eval_dataset is not None:
         summary["eval_reward_after"] = trainer.evaluate()["eval_reward"]
     summary.update(_throughput(trainer))
@@ -365,9 +479,11 @@ def _throughput(trainer) -> dict:
     seconds = sum(r["step_time"] for r in logs)
     tokens = sum(r.get("completions/mean_length", 0.0) * per_step for r in logs)
     steps = len(logs)
-    return {"states_per_s": steps * per_step / trainer.num_generations / seconds if seconds else 0.0,
-            "generated_tokens_per_s": tokens / seconds if seconds else 0.0,
-            "seconds_per_step": seconds / steps}
+    return {
+        "states_per_s": steps * per_step / trainer.num_generations / seconds if seconds else 0.0,
+        "generated_tokens_per_s": tokens / seconds if seconds else 0.0,
+        "seconds_per_step": seconds / steps,
+    }
 
 
 # ------------------------------------------------------------------------------------------ the paper's loop
@@ -381,18 +497,36 @@ def _live_eval(cfg: CodaConfig, planner: str, out: Path, progress: bool) -> dict
     from ..models import SamplingParams
     from ..policy import make_agent
     from .common import probe_env
+
     env = probe_env(cfg.env, cfg.episode_steps)
-    agent = make_agent("coda", env.app, env.screen, planner=planner, executor=make_executor(cfg, env.app, env.screen),
-                       history_images=cfg.history_images, seed=cfg.seed,
-                       model_options={"device": cfg.device} if cfg.device else {},
-                       planner_params=SamplingParams(max_new_tokens=cfg.max_new_tokens,
-                                                     temperature=cfg.live_temperature, top_p=cfg.top_p))
+    agent = make_agent(
+        "coda",
+        env.app,
+        env.screen,
+        planner=planner,
+        executor=make_executor(cfg, env.app, env.screen),
+        history_images=cfg.history_images,
+        seed=cfg.seed,
+        model_options={"device": cfg.device} if cfg.device else {},
+        planner_params=SamplingParams(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.live_temperature, top_p=cfg.top_p
+        ),
+    )
     env_kwargs = dict(env.kwargs)
     if getattr(agent, "wants_a11y_tree", False):
         env_kwargs["a11y_tree"] = True
-    return run_eval(cfg.env, agent, out, task_ids=cfg.tasks, episodes=cfg.episodes, num_envs=cfg.num_envs,
-                    seed=cfg.seed, env_kwargs=env_kwargs, progress=progress,
-                    config={"planner": planner, "executor": cfg.executor})
+    return run_eval(
+        cfg.env,
+        agent,
+        out,
+        task_ids=cfg.tasks,
+        episodes=cfg.episodes,
+        num_envs=cfg.num_envs,
+        seed=cfg.seed,
+        env_kwargs=env_kwargs,
+        progress=progress,
+        config={"planner": planner, "executor": cfg.executor},
+    )
 
 
 def _success_rate(summary: dict) -> float:
@@ -405,13 +539,15 @@ def _round_states(cfg: CodaConfig, r: int, out: Path) -> list[str]:
     --no-oracle-states), the states of the successful episodes of every live run so far (OUT/round_NN/states:
     success by the checks, or by --judge), and any --data."""
     from .. import states
+
     paths = []
     oracle = out / "oracle_states"
     if cfg.oracle_states:
         if not (oracle / "dataset_info.json").exists():
             report: dict = {}
-            states.build(states.oracle_states(cfg.env, cfg.tasks, history_images=cfg.history_images,
-                                              report=report), oracle)
+            states.build(
+                states.oracle_states(cfg.env, cfg.tasks, history_images=cfg.history_images, report=report), oracle
+            )
         paths.append(str(oracle))
     runs = [_round_dir(out, k) / "eval" for k in range(-1, r)]
     runs = [p for p in runs if (p / "episodes.jsonl").exists()]
@@ -420,6 +556,7 @@ def _round_states(cfg: CodaConfig, r: int, out: Path) -> list[str]:
         judge = None
         if cfg.judge:
             from ..judge import Judge, JudgeConfig
+
             judge = Judge(JudgeConfig(models=cfg.judge, threshold=cfg.threshold))
         records = [rec for run in runs for rec in states.run_states(run, judge, history_images=cfg.history_images)]
         if records:
@@ -428,8 +565,10 @@ def _round_states(cfg: CodaConfig, r: int, out: Path) -> list[str]:
         paths.append(str(path))
     paths += list(cfg.data)
     if not paths:
-        raise ValueError(f"round {r} has no states: no oracle states (--no-oracle-states), no successful live "
-                         "episode yet and no --data")
+        raise ValueError(
+            f"round {r} has no states: no oracle states (--no-oracle-states), no successful live "
+            "episode yet and no --data"
+        )
     return paths
 
 
@@ -442,6 +581,7 @@ def run_rounds(cfg: CodaConfig, progress: bool = True) -> list[dict]:
                          "several GPUs give --launcher \"accelerate launch --config_file ...\" instead of launching "
                          "the loop itself")
     from .common import probe_env
+
     env = probe_env(cfg.env, cfg.episode_steps)
     unknown = [t for t in (cfg.tasks or []) if t not in env.tasks]
     if unknown:
@@ -450,15 +590,16 @@ def run_rounds(cfg: CodaConfig, progress: bool = True) -> list[dict]:
         raise ValueError(f"--app {cfg.app} but --env {cfg.env} is {env.app}")
     cfg.app = env.app
     if not cfg.planner or not (Path(cfg.planner) / "config.json").exists():
-        raise ValueError(f"--planner {cfg.planner!r} is not a checkpoint directory (no config.json): the loop trains "
-                         "a local planner")
-    make_executor(cfg, env.app, env.screen)              # fails now on a wrong --executor, not after a round
+        raise ValueError(
+            f"--planner {cfg.planner!r} is not a checkpoint directory (no config.json): the loop trains a local planner"
+        )
+    make_executor(cfg, env.app, env.screen)  # fails now on a wrong --executor, not after a round
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     write_config(out, cfg)
     history: list[dict] = []
 
-    def record(rec: dict, new: bool = True) -> None:       # a finished round's record is written once
+    def record(rec: dict, new: bool = True) -> None:  # a finished round's record is written once
         history.append(rec)
         if new:
             with open(out / "metrics.jsonl", "a") as f:
@@ -480,8 +621,7 @@ def run_rounds(cfg: CodaConfig, progress: bool = True) -> list[dict]:
             planner = done[r]["planner"]
             continue
         data = _round_states(cfg, r, out)
-        rcfg = CodaConfig(**{**asdict(cfg), "data": data, "planner": planner, "rounds": 0,
-                             "out": str(rd / "train")})
+        rcfg = CodaConfig(**{**asdict(cfg), "data": data, "planner": planner, "rounds": 0, "out": str(rd / "train")})
         if cfg.launcher:
             _launch(cfg.launcher, rcfg)
             train_rec = _last_summary(rd / "train")
@@ -489,9 +629,14 @@ def run_rounds(cfg: CodaConfig, progress: bool = True) -> list[dict]:
             train_rec = train_once(rcfg, progress=progress, extra_log={"round": r})
         planner = str(rd / "train" / "planner")
         res = _live_eval(cfg, planner, rd / "eval", progress)
-        rec = {"round": r, "planner": planner, "states": train_rec.get("states"), "steps": train_rec.get("steps"),
-               "live_success_rate": _success_rate(res),
-               **{k: train_rec[k] for k in ("eval_reward_before", "eval_reward_after") if k in train_rec}}
+        rec = {
+            "round": r,
+            "planner": planner,
+            "states": train_rec.get("states"),
+            "steps": train_rec.get("steps"),
+            "live_success_rate": _success_rate(res),
+            **{k: train_rec[k] for k in ("eval_reward_before", "eval_reward_after") if k in train_rec},
+        }
         _mark_done(out, r, rec)
         record(rec)
     return history
@@ -565,6 +710,7 @@ def run(cfg: CodaConfig, progress: bool = True) -> list[dict]:
         return run_rounds(cfg, progress)
     if cfg.env:
         from .common import probe_env
+
         env_app = probe_env(cfg.env).app
         if cfg.app and cfg.app != env_app:
             raise ValueError(f"--app {cfg.app} but --env {cfg.env} is {env_app}")
@@ -577,19 +723,27 @@ def summary(cfg: CodaConfig, history: list[dict]) -> str:
     for h in history:
         if "round" in h:
             extra = "".join(f" {k} {h[k]:.3f}" for k in ("eval_reward_before", "eval_reward_after") if k in h)
-            lines.append(f"round {h['round']}: live success {h['live_success_rate']:.3f}{extra}  planner "
-                         f"{h['planner']}")
+            lines.append(
+                f"round {h['round']}: live success {h['live_success_rate']:.3f}{extra}  planner {h['planner']}"
+            )
         else:
             parts = [f"{h.get('steps', 0)} steps over {h.get('states', 0)} states"]
             for k in ("eval_reward_before", "eval_reward_after", "states_per_s", "generated_tokens_per_s"):
                 if k in h:
                     parts.append(f"{k.replace('_', ' ')} {h[k]:.3f}")
             lines.append(", ".join(parts))
-            lines.append(f"planner: {h.get('planner')}  (coda eval --agent coda --planner {h.get('planner')} "
-                         f"--executor {cfg.executor} ...)")
+            lines.append(
+                f"planner: {h.get('planner')}  (coda eval --agent coda --planner {h.get('planner')} "
+                f"--executor {cfg.executor} ...)"
+            )
     return "\n".join(lines)
 
 
-METHOD = Method("coda", "CODA's stage 1 as published: step-level decoupled GRPO on the planner over state "
-                "datasets (TRL GRPOTrainer); --rounds K runs the paper's collect -> label -> train loop",
-                CodaConfig, run, summary)
+METHOD = Method(
+    "coda",
+    "CODA's stage 1 as published: step-level decoupled GRPO on the planner over state "
+    "datasets (TRL GRPOTrainer); --rounds K runs the paper's collect -> label -> train loop",
+    CodaConfig,
+    run,
+    summary,
+)

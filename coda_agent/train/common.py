@@ -12,6 +12,7 @@
 - rollouts: `probe_env`/`make_envs` (the vector env of a config) and `AGENT_FACTORIES` (which agent a method
   trains and the role of the samples it learns from: CODA's planner, or UI-TARS end to end).
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,6 +37,7 @@ class Method:
     """A training method as `coda train` sees it: `coda train NAME` builds `config` from flags (one per field)
     or --config FILE.json and calls `run(config, progress)`, which returns one record per iteration/epoch;
     `summary(config, records)` is what is printed at the end."""
+
     name: str
     help: str
     config: type
@@ -53,8 +55,12 @@ def opt(default: Any, help: str, *aliases: str) -> Any:
 @dataclass
 class TrainConfig:
     """What every method's config has."""
-    planner: str = opt("", "checkpoint directory of the model that is trained (a local directory: its weights "
-                           "change); with --agent uitars, the UI-TARS checkpoint")
+
+    planner: str = opt(
+        "",
+        "checkpoint directory of the model that is trained (a local directory: its weights "
+        "change); with --agent uitars, the UI-TARS checkpoint",
+    )
     out: str = opt("runs/train", "run folder: config.json, metrics.jsonl, tb/, checkpoint/, the trained model")
     lr: float = opt(1e-6, "AdamW learning rate")
     micro_batch: int = opt(4, "samples per forward pass (gradient accumulation over the rest)")
@@ -70,11 +76,14 @@ class TrainConfig:
 @dataclass
 class RolloutConfig(TrainConfig):
     """What a method that collects its own episodes adds: the env, the agent, sampling."""
+
     env: str = opt("coda/KAlgebra-v0", "env id")
-    agent: str = opt("coda", "what is trained: coda (CODA's planner; the executor stays fixed) | uitars "
-                             "(UI-TARS end to end)")
-    executor: str | None = opt(None, "fixed executor of --agent coda: UI-TARS-1.5 checkpoint directory or "
-                                     "http(s):// endpoint")
+    agent: str = opt(
+        "coda", "what is trained: coda (CODA's planner; the executor stays fixed) | uitars (UI-TARS end to end)"
+    )
+    executor: str | None = opt(
+        None, "fixed executor of --agent coda: UI-TARS-1.5 checkpoint directory or http(s):// endpoint"
+    )
     tasks: list[str] | None = opt(None, "task ids (default: the env's whole suite)")
     num_envs: int = opt(4, "envs run in parallel (a vector env)")
     max_steps: int | None = opt(None, "step budget per episode instead of each task's own")
@@ -100,16 +109,17 @@ def load_trainable(path: str, device: str | None = None) -> TransformersVLM:
     return TransformersVLM(path, device=device)
 
 
-def token_logprobs(vlm: TransformersVLM, samples: Sequence[Sample], temperature: float,
-                   model=None) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    vlm: TransformersVLM, samples: Sequence[Sample], temperature: float, model=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each sample's own sampled tokens given its prompt: ([B, T], mask [B, T]) over the last T
     positions (left padding puts every completion at the end, so only those logits are computed)."""
     model = model or vlm.model
     inputs = vlm.build_inputs([s.conversation for s in samples], [s.token_ids for s in samples])
     comp_mask = inputs.pop("completion_mask")
     t = max(len(s.token_ids) for s in samples)
-    logits = model(**inputs, logits_to_keep=t + 1).logits[:, :-1].float() / temperature   # predicts the last t
-    if vlm.banned_token_ids:                      # the policy never writes vision placeholders (as in generate)
+    logits = model(**inputs, logits_to_keep=t + 1).logits[:, :-1].float() / temperature  # predicts the last t
+    if vlm.banned_token_ids:  # the policy never writes vision placeholders (as in generate)
         logits[..., vlm.banned_token_ids] = float("-inf")
     targets = inputs["input_ids"][:, -t:]
     lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -119,8 +129,9 @@ def token_logprobs(vlm: TransformersVLM, samples: Sequence[Sample], temperature:
     return lp.masked_fill(~mask, 0.0), mask
 
 
-def reference_logprobs(vlm: TransformersVLM, samples: Sequence[Sample], temperature: float,
-                       ref_model=None) -> torch.Tensor:
+def reference_logprobs(
+    vlm: TransformersVLM, samples: Sequence[Sample], temperature: float, ref_model=None
+) -> torch.Tensor:
     """`token_logprobs` under the frozen reference that `prepare_model` set up: the same model with its LoRA
     adapter switched off, or the frozen copy of full weights."""
     if ref_model is None:
@@ -131,8 +142,14 @@ def reference_logprobs(vlm: TransformersVLM, samples: Sequence[Sample], temperat
     return token_logprobs(vlm, samples, temperature, model=ref_model)[0]
 
 
-def prepare_model(vlm: TransformersVLM, lr: float, lora_r: int, lora_alpha: int, lora_targets: list[str],
-                  frozen_reference: bool = False):
+def prepare_model(
+    vlm: TransformersVLM,
+    lr: float,
+    lora_r: int,
+    lora_alpha: int,
+    lora_targets: list[str],
+    frozen_reference: bool = False,
+):
     """LoRA adapters (peft) on the language model's projections (lora_r > 0), or every weight trainable; with
     `frozen_reference` and full weights, a frozen copy to compute the KL against (LoRA needs none: the
     reference is the same model with its adapter switched off). Returns (AdamW optimizer, reference or None)."""
@@ -140,9 +157,11 @@ def prepare_model(vlm: TransformersVLM, lr: float, lora_r: int, lora_alpha: int,
     ref_model = None
     if lora_r > 0:
         from peft import LoraConfig, get_peft_model
+
         if not hasattr(model, "disable_adapter"):
-            model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0,
-                                                     target_modules=lora_targets))
+            model = get_peft_model(
+                model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules=lora_targets)
+            )
     else:
         if frozen_reference:
             ref_model = copy.deepcopy(model).eval()
@@ -172,8 +191,13 @@ def export_planner(vlm: TransformersVLM, path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ the update
-def accumulate(optimizer, params: Sequence[torch.nn.Parameter], chunks: Sequence, max_grad_norm: float,
-               loss_fn: Callable[[int, Any], tuple[torch.Tensor, dict]]) -> tuple[float, float, dict]:
+def accumulate(
+    optimizer,
+    params: Sequence[torch.nn.Parameter],
+    chunks: Sequence,
+    max_grad_norm: float,
+    loss_fn: Callable[[int, Any], tuple[torch.Tensor, dict]],
+) -> tuple[float, float, dict]:
     """One optimizer step over micro-batches: `loss_fn(k, chunks[k])` -> (loss, stats), each loss already
     divided by the whole batch's size, so the summed gradients are exactly the full batch's. Clips the
     gradient norm, steps; returns (summed loss, gradient norm before clipping, summed stats)."""
@@ -199,8 +223,16 @@ def save_checkpoint(out: Path, cfg, model, optimizer, step: int, rng: random.Ran
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
-    torch.save({"step": step, "trainable": trainable, "optimizer": optimizer.state_dict(),
-                "rng": rng.getstate(), "torch_rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
+    torch.save(
+        {
+            "step": step,
+            "trainable": trainable,
+            "optimizer": optimizer.state_dict(),
+            "rng": rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
+        },
+        tmp / "trainer_state.pt",
+    )
     (tmp / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
     old = out / "checkpoint.old"
     shutil.rmtree(old, ignore_errors=True)
@@ -220,11 +252,13 @@ def load_checkpoint(out: Path, model, optimizer, rng: random.Random) -> int:
         return 0
     state = torch.load(ck, weights_only=False)
     params = dict(model.named_parameters())
-    wrong = [n for n in state["trainable"] if n not in params] or \
-        [n for n, p in params.items() if p.requires_grad and n not in state["trainable"]]
+    wrong = [n for n in state["trainable"] if n not in params] or [
+        n for n, p in params.items() if p.requires_grad and n not in state["trainable"]
+    ]
     if wrong:
-        raise ValueError(f"{ck} does not fit this model (LoRA settings changed?): e.g. {wrong[:3]}; "
-                         "use --no-resume or another --out")
+        raise ValueError(
+            f"{ck} does not fit this model (LoRA settings changed?): e.g. {wrong[:3]}; use --no-resume or another --out"
+        )
     with torch.no_grad():
         for n, v in state["trainable"].items():
             params[n].copy_(v)
@@ -241,6 +275,7 @@ class RunLog:
 
     def __init__(self, out: Path, total: int, start: int = 0, progress: bool = True, unit: str = "it"):
         from torch.utils.tensorboard import SummaryWriter
+
         self.path = out / "metrics.jsonl"
         if start == 0:
             self.path.unlink(missing_ok=True)
@@ -268,6 +303,7 @@ class RunLog:
 @dataclass
 class EnvInfo:
     """What a trainer needs to know of an env id before it builds the vector env and the agent."""
+
     env_id: str
     kwargs: dict
     tasks: dict
@@ -278,6 +314,7 @@ class EnvInfo:
 def probe_env(env_id: str, max_steps: int | None = None) -> EnvInfo:
     """Make one env of `env_id` (no reset: no desktop starts) to read its tasks, app and screen size."""
     import gymnasium as gym
+
     kwargs = {"max_steps": max_steps} if max_steps else {}
     env = gym.make(env_id, **kwargs)
     try:
@@ -290,6 +327,7 @@ def probe_env(env_id: str, max_steps: int | None = None) -> EnvInfo:
 def make_envs(info: EnvInfo, num_envs: int, agent=None):
     """The vector env of `info`; with the a11y_tree observation when `agent` reads it (the a11y executor)."""
     from ..rollout import make_vector_env
+
     kwargs = dict(info.kwargs)
     if getattr(agent, "wants_a11y_tree", False):
         kwargs["a11y_tree"] = True
@@ -298,32 +336,50 @@ def make_envs(info: EnvInfo, num_envs: int, agent=None):
 
 def rollout_params(cfg: RolloutConfig) -> SamplingParams:
     """Sampling of the trained model: with log-probs, which the trainer checks against its own."""
-    return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                          logprobs=True)
+    return SamplingParams(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, logprobs=True
+    )
 
 
 def coda_agent(cfg: RolloutConfig, vlm: TransformersVLM, env: EnvInfo, executor=None):
     """CODA with `vlm` as the planner and a fixed executor (`executor`: a model or executor object, else
     cfg.executor: a directory, an endpoint or `a11y`), built by the agents' one factory (policy.make_agent)."""
     from ..policy import make_agent
+
     executor = executor if executor is not None else cfg.executor
     if not executor:
         raise ValueError("--agent coda needs a fixed executor: --executor DIR|URL|a11y")
     if executor is vlm or getattr(executor, "model", None) is vlm.model:
         raise ValueError("the executor must be a separate model: the planner's weights change during training")
-    return make_agent("coda", env.app, env.screen, planner=vlm, executor=executor,
-                      history_images=cfg.history_images, model_options={"device": cfg.device},
-                      planner_params=rollout_params(cfg), executor_tries=cfg.executor_tries,
-                      executor_params=SamplingParams(max_new_tokens=cfg.executor_max_new_tokens, temperature=1.0))
+    return make_agent(
+        "coda",
+        env.app,
+        env.screen,
+        planner=vlm,
+        executor=executor,
+        history_images=cfg.history_images,
+        model_options={"device": cfg.device},
+        planner_params=rollout_params(cfg),
+        executor_tries=cfg.executor_tries,
+        executor_params=SamplingParams(max_new_tokens=cfg.executor_max_new_tokens, temperature=1.0),
+    )
 
 
 def uitars_agent(cfg: RolloutConfig, vlm: TransformersVLM, env: EnvInfo, executor=None):
     """UI-TARS end to end, `vlm` being UI-TARS: the model that acts is the one trained."""
     from ..policy import make_agent
+
     if executor is not None or cfg.executor:
         raise ValueError("--agent uitars has no executor: UI-TARS acts alone (leave --executor out)")
-    return make_agent("uitars", env.app, env.screen, executor=vlm, history_images=cfg.history_images,
-                      planner_params=rollout_params(cfg), executor_tries=cfg.executor_tries)
+    return make_agent(
+        "uitars",
+        env.app,
+        env.screen,
+        executor=vlm,
+        history_images=cfg.history_images,
+        planner_params=rollout_params(cfg),
+        executor_tries=cfg.executor_tries,
+    )
 
 
 AgentFactory = Callable[[RolloutConfig, TransformersVLM, EnvInfo, Any], Any]

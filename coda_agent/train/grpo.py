@@ -25,6 +25,7 @@ workers on GPUs. Here every planner turn goes through a second, frozen model (th
 that returns a screenshot, and the whole loop must also run (and be tested) on CPU. The loop is small enough
 to own; what other methods share with it is in common.py.
 """
+
 from __future__ import annotations
 
 import random
@@ -37,9 +38,25 @@ import torch
 
 from ..models import TransformersVLM
 from ..rollout import Rollout, collect_groups
-from .common import (Method, RolloutConfig, RunLog, accumulate, agent_factory, export_planner, load_checkpoint,
-                     load_trainable, make_envs, opt, prepare_model, probe_env, reference_logprobs, save_checkpoint,
-                     token_logprobs, trainable_parameters, write_config)
+from .common import (
+    Method,
+    RolloutConfig,
+    RunLog,
+    accumulate,
+    agent_factory,
+    export_planner,
+    load_checkpoint,
+    load_trainable,
+    make_envs,
+    opt,
+    prepare_model,
+    probe_env,
+    reference_logprobs,
+    save_checkpoint,
+    token_logprobs,
+    trainable_parameters,
+    write_config,
+)
 
 
 @dataclass
@@ -70,13 +87,21 @@ def group_advantages(rewards: torch.Tensor, keys: Sequence[str], eps: float = 1e
     for idx in members.values():
         g = r[idx]
         std = g.std(unbiased=False)
-        if std > 0:                                      # all equal: no signal, not noise
+        if std > 0:  # all equal: no signal, not noise
             adv[idx] = (g - g.mean()) / (std + eps)
     return adv
 
 
-def grpo_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, ref_lp: torch.Tensor | None, adv: torch.Tensor,
-              mask: torch.Tensor, clip_eps: float, kl_coef: float, n_tokens: int) -> tuple[torch.Tensor, dict]:
+def grpo_loss(
+    new_lp: torch.Tensor,
+    old_lp: torch.Tensor,
+    ref_lp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    kl_coef: float,
+    n_tokens: int,
+) -> tuple[torch.Tensor, dict]:
     """Per-token log-probs [B, T] (mask: planner tokens), per-sequence advantages [B] -> (loss, stats).
     The loss is a sum over this micro-batch's tokens divided by `n_tokens`, the whole batch's token count."""
     mask = mask.float()
@@ -91,26 +116,37 @@ def grpo_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, ref_lp: torch.Tensor |
         per_token = per_token + kl_coef * kl
     loss = (per_token * mask).sum() / n_tokens
     with torch.no_grad():
-        stats = {"clipped_tokens": float((((ratio - 1).abs() > clip_eps).float() * mask).sum()),
-                 "kl_sum": float((kl * mask).sum()), "tokens": float(mask.sum()),
-                 "ratio_sum": float((ratio * mask).sum())}
+        stats = {
+            "clipped_tokens": float((((ratio - 1).abs() > clip_eps).float() * mask).sum()),
+            "kl_sum": float((kl * mask).sum()),
+            "tokens": float(mask.sum()),
+            "ratio_sum": float((ratio * mask).sum()),
+        }
     return loss, stats
 
 
 # ------------------------------------------------------------------------------------------ one update
-def train_batch(cfg: GRPOConfig, vlm: TransformersVLM, optimizer, rollouts: Sequence[Rollout], ref_model=None,
-                role: str = "planner") -> dict:
+def train_batch(
+    cfg: GRPOConfig, vlm: TransformersVLM, optimizer, rollouts: Sequence[Rollout], ref_model=None, role: str = "planner"
+) -> dict:
     """One GRPO update from one batch of rollouts, on the samples of `role`, grouped by the rollouts' keys."""
     model = vlm.model
     adv = group_advantages(torch.tensor([r.reward for r in rollouts]), [r.group for r in rollouts], cfg.adv_eps)
     items = [(s, float(a)) for r, a in zip(rollouts, adv) for s in r.samples if s.role == role]
     if cfg.kl_coef == 0:
-        items = [(s, a) for s, a in items if a != 0]             # zero advantage and no KL: zero gradient
-    stats = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "planner_tokens": 0, "logprob_mismatch": 0.0,
-             "samples": len(items), "grad_norm": 0.0}
+        items = [(s, a) for s, a in items if a != 0]  # zero advantage and no KL: zero gradient
+    stats = {
+        "loss": 0.0,
+        "kl": 0.0,
+        "clip_frac": 0.0,
+        "planner_tokens": 0,
+        "logprob_mismatch": 0.0,
+        "samples": len(items),
+        "grad_norm": 0.0,
+    }
     if not items:
         return stats
-    chunks = [items[i:i + cfg.micro_batch] for i in range(0, len(items), cfg.micro_batch)]
+    chunks = [items[i : i + cfg.micro_batch] for i in range(0, len(items), cfg.micro_batch)]
     n_tokens = sum(len(s.token_ids) for s, _ in items)
     # log-probs of the rollout policy (recomputed with this exact forward; compared with generate's own)
     # and of the reference, once per batch, without gradients
@@ -139,15 +175,20 @@ def train_batch(cfg: GRPOConfig, vlm: TransformersVLM, optimizer, rollouts: Sequ
     for _ in range(cfg.epochs):
         loss_sum, grad_norm, totals = accumulate(optimizer, params, chunks, cfg.max_grad_norm, loss_fn)
     model.eval()
-    stats.update(loss=loss_sum, kl=totals["kl_sum"] / max(1, totals["tokens"]),
-                 clip_frac=totals["clipped_tokens"] / max(1, totals["tokens"]), planner_tokens=n_tokens,
-                 grad_norm=grad_norm)
+    stats.update(
+        loss=loss_sum,
+        kl=totals["kl_sum"] / max(1, totals["tokens"]),
+        clip_frac=totals["clipped_tokens"] / max(1, totals["tokens"]),
+        planner_tokens=n_tokens,
+        grad_norm=grad_norm,
+    )
     return stats
 
 
 # ------------------------------------------------------------------------------------------ the loop
-def train(cfg: GRPOConfig, planner_vlm: TransformersVLM | None = None, executor_vlm=None,
-          progress: bool = True) -> list[dict]:
+def train(
+    cfg: GRPOConfig, planner_vlm: TransformersVLM | None = None, executor_vlm=None, progress: bool = True
+) -> list[dict]:
     """The whole stage-1 run: returns one record per iteration (also in out/metrics.jsonl and TensorBoard
     scalars under out/tb). Rollouts are written as `coda eval`-style trajectories under out/rollouts/iter_NNNN,
     which stage 2 (`coda train sft`) reads; the trained model goes to out/planner (out/policy for uitars)."""
@@ -164,9 +205,10 @@ def train(cfg: GRPOConfig, planner_vlm: TransformersVLM | None = None, executor_
     if unknown:
         raise ValueError(f"unknown tasks for {cfg.env}: {unknown}")
     agent = factory(cfg, vlm, env, executor_vlm)
-    write_config(out, cfg)                       # once the settings are known to work, not before
-    optimizer, ref_model = prepare_model(vlm, cfg.lr, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets,
-                                         frozen_reference=cfg.kl_coef > 0)
+    write_config(out, cfg)  # once the settings are known to work, not before
+    optimizer, ref_model = prepare_model(
+        vlm, cfg.lr, cfg.lora_r, cfg.lora_alpha, cfg.lora_targets, frozen_reference=cfg.kl_coef > 0
+    )
     start = load_checkpoint(out, vlm.model, optimizer, rng) if cfg.resume else 0
 
     history: list[dict] = []
@@ -177,8 +219,15 @@ def train(cfg: GRPOConfig, planner_vlm: TransformersVLM | None = None, executor_
             batch = rng.sample(ids, min(cfg.tasks_per_iteration, len(ids)))
             t0 = time.monotonic()
             vlm.model.eval()
-            rollouts = collect_groups(envs, agent, env.tasks, batch, cfg.group_size, seed=cfg.seed + it,
-                                      out=out / "rollouts" / f"iter_{it:04d}")
+            rollouts = collect_groups(
+                envs,
+                agent,
+                env.tasks,
+                batch,
+                cfg.group_size,
+                seed=cfg.seed + it,
+                out=out / "rollouts" / f"iter_{it:04d}",
+            )
             t_roll = time.monotonic() - t0
             t1 = time.monotonic()
             stats = train_batch(cfg, vlm, optimizer, rollouts, ref_model, role)
@@ -188,12 +237,18 @@ def train(cfg: GRPOConfig, planner_vlm: TransformersVLM | None = None, executor_
             by_app: dict[str, list[float]] = {}
             for r in rollouts:
                 by_app.setdefault(r.app, []).append(r.reward)
-            rec = {"iteration": it, "reward_mean": float(sum(r.reward for r in rollouts) / len(rollouts)),
-                   "success_rate": sum(r.success for r in rollouts) / len(rollouts),
-                   **{f"reward_mean/{a}": sum(v) / len(v) for a, v in by_app.items()},
-                   "env_steps_per_s": env_steps / t_roll, "planner_tokens_per_s": gen_tokens / t_roll,
-                   "train_tokens_per_s": stats["planner_tokens"] / t_train if t_train > 0 else 0.0,
-                   "rollout_s": t_roll, "train_s": t_train, **stats}
+            rec = {
+                "iteration": it,
+                "reward_mean": float(sum(r.reward for r in rollouts) / len(rollouts)),
+                "success_rate": sum(r.success for r in rollouts) / len(rollouts),
+                **{f"reward_mean/{a}": sum(v) / len(v) for a, v in by_app.items()},
+                "env_steps_per_s": env_steps / t_roll,
+                "planner_tokens_per_s": gen_tokens / t_roll,
+                "train_tokens_per_s": stats["planner_tokens"] / t_train if t_train > 0 else 0.0,
+                "rollout_s": t_roll,
+                "train_s": t_train,
+                **stats,
+            }
             history.append(rec)
             if (it + 1) % cfg.save_every == 0 or it + 1 == cfg.iterations:
                 save_checkpoint(out, cfg, vlm.model, optimizer, it, rng)
@@ -207,13 +262,26 @@ def train(cfg: GRPOConfig, planner_vlm: TransformersVLM | None = None, executor_
 
 
 def summary(cfg: GRPOConfig, history: list[dict]) -> str:
-    lines = [f"iteration {h['iteration']}: reward {h['reward_mean']:.3f} success {h['success_rate']:.3f} "
-             f"kl {h['kl']:.4f} clip {h['clip_frac']:.3f} env steps/s {h['env_steps_per_s']:.2f} "
-             f"planner tokens/s {h['planner_tokens_per_s']:.1f}" for h in history]
+    lines = [
+        f"iteration {h['iteration']}: reward {h['reward_mean']:.3f} success {h['success_rate']:.3f} "
+        f"kl {h['kl']:.4f} clip {h['clip_frac']:.3f} env steps/s {h['env_steps_per_s']:.2f} "
+        f"planner tokens/s {h['planner_tokens_per_s']:.1f}"
+        for h in history
+    ]
     role = agent_factory(cfg.agent)[1]
-    return "\n".join(lines + [f"trained model: {Path(cfg.out) / role}  (coda eval --agent {cfg.agent} "
-                              f"--{'planner' if role == 'planner' else 'executor'} that ...)"])
+    return "\n".join(
+        lines
+        + [
+            f"trained model: {Path(cfg.out) / role}  (coda eval --agent {cfg.agent} "
+            f"--{'planner' if role == 'planner' else 'executor'} that ...)"
+        ]
+    )
 
 
-METHOD = Method("grpo", "stage 1: decoupled GRPO on the planner (per app), or UI-TARS with --agent uitars",
-                GRPOConfig, lambda cfg, progress: train(cfg, progress=progress), summary)
+METHOD = Method(
+    "grpo",
+    "stage 1: decoupled GRPO on the planner (per app), or UI-TARS with --agent uitars",
+    GRPOConfig,
+    lambda cfg, progress: train(cfg, progress=progress),
+    summary,
+)

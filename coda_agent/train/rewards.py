@@ -24,6 +24,7 @@ r_dist, per step, averaged over the steps of an action:
 `execute_plans` maps sampled planner answers to env actions through exactly the code path of the `coda`
 agent (coda_agent.executor.plans_to_actions), batched, counting what failed to parse.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -40,26 +41,35 @@ from ..planner import PlanParseError, parse_plan
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCALE = 50.0        # pixels: the pointer score is exp(-1) = 0.37 at this distance outside the box
-DEFAULT_RADIUS = 20.0       # pixels: the target disc around a point that has no box
+DEFAULT_SCALE = 50.0  # pixels: the pointer score is exp(-1) = 0.37 at this distance outside the box
+DEFAULT_RADIUS = 20.0  # pixels: the target disc around a point that has no box
 
-POINTER_TYPES = frozenset({"click", "double_click", "triple_click", "right_click", "middle_click", "move",
-                           "mouse_down", "mouse_up", "drag"})
+POINTER_TYPES = frozenset(
+    {"click", "double_click", "triple_click", "right_click", "middle_click", "move", "mouse_down", "mouse_up", "drag"}
+)
 
-__all__ = ["DEFAULT_RADIUS", "DEFAULT_SCALE", "Step", "action_reward", "action_type", "canonical_steps",
-           "execute_plans"]
+__all__ = [
+    "DEFAULT_RADIUS",
+    "DEFAULT_SCALE",
+    "Step",
+    "action_reward",
+    "action_type",
+    "canonical_steps",
+    "execute_plans",
+]
 
 
 @dataclass(frozen=True)
 class Step:
     """One step of an action in canonical form."""
+
     type: str
-    point: tuple[int, int] | None = None          # pointer steps and scroll; a drag's end
-    start: tuple[int, int] | None = None          # a drag's start (None: from wherever the pointer was)
-    text: str = ""                                # typed text; ANS's answer
-    submit: bool = False                          # typed text followed by enter
+    point: tuple[int, int] | None = None  # pointer steps and scroll; a drag's end
+    start: tuple[int, int] | None = None  # a drag's start (None: from wherever the pointer was)
+    text: str = ""  # typed text; ANS's answer
+    submit: bool = False  # typed text followed by enter
     keys: frozenset[str] = frozenset()
-    axis: str = ""                                # scroll: "v" or "h"
+    axis: str = ""  # scroll: "v" or "h"
     amount: int = 0
 
 
@@ -104,7 +114,7 @@ def canonical_steps(code: str, screen: tuple[int, int] = (1280, 800)) -> list[St
             steps.append(Step("scroll", point=_point(a), axis="v" if k == "scroll" else "h", amount=a.amount))
         elif k == "answer":
             steps.append(Step("answer", text=a.text))
-        else:                                       # done, fail, wait, sleep
+        else:  # done, fail, wait, sleep
             steps.append(Step(k))
         i += 1
     return steps
@@ -123,8 +133,13 @@ def _to_box(p: tuple[int, int], box: tuple[int, int, int, int]) -> float:
     return math.hypot(dx, dy)
 
 
-def _pointer(pred: tuple[int, int] | None, target: tuple[int, int] | None,
-             box: tuple[int, int, int, int] | None, scale: float, radius: float) -> float:
+def _pointer(
+    pred: tuple[int, int] | None,
+    target: tuple[int, int] | None,
+    box: tuple[int, int, int, int] | None,
+    scale: float,
+    radius: float,
+) -> float:
     if pred is None or target is None:
         return 1.0 if pred is None and target is None else 0.0
     d = _to_box(pred, box) if box is not None else max(0.0, math.dist(pred, target) - radius)
@@ -159,7 +174,7 @@ def _answer(a: str, b: str) -> float:
 
 def _step_score(p: Step, t: Step, box, scale: float, radius: float) -> float:
     if t.type == "drag":
-        if t.start is None:                                 # dragged from wherever the pointer was: the end
+        if t.start is None:  # dragged from wherever the pointer was: the end
             return _pointer(p.point, t.point, box, scale, radius)
         return (_pointer(p.start, t.start, box, scale, radius) + _pointer(p.point, t.point, None, scale, radius)) / 2
     if t.type in POINTER_TYPES:
@@ -176,11 +191,17 @@ def _step_score(p: Step, t: Step, box, scale: float, radius: float) -> float:
         return 1.0 if big == 0 else 0.5 + 0.5 * min(abs(p.amount), abs(t.amount)) / big
     if t.type == "answer":
         return _answer(p.text, t.text)
-    return 1.0                                              # done, fail, wait, sleep
+    return 1.0  # done, fail, wait, sleep
 
 
-def action_reward(predicted: str | None, target: str, box: tuple[int, int, int, int] | Sequence[int] | None,
-                  screen: tuple[int, int], scale: float = DEFAULT_SCALE, radius: float = DEFAULT_RADIUS) -> float:
+def action_reward(
+    predicted: str | None,
+    target: str,
+    box: tuple[int, int, int, int] | Sequence[int] | None,
+    screen: tuple[int, int],
+    scale: float = DEFAULT_SCALE,
+    radius: float = DEFAULT_RADIUS,
+) -> float:
     """1[type(predicted) = type(target)] + r_dist(predicted, target), 0 when the types differ or `predicted`
     does not parse (or is None: the executor produced nothing). `box`: (left, top, right, bottom) screen
     pixels of the target element (edges included), None or empty when there is none (then `radius` around the
@@ -203,14 +224,16 @@ def action_reward(predicted: str | None, target: str, box: tuple[int, int, int, 
     if b is not None and (b[2] < b[0] or b[3] < b[1]):
         raise ValueError(f"box {b} is not (left, top, right, bottom)")
     first_pointer = next((i for i, s in enumerate(want) if s.type in POINTER_TYPES), None)
-    scores = [_step_score(p, t, b if i == first_pointer else None, scale, radius)
-              for i, (p, t) in enumerate(zip(got, want))]
+    scores = [
+        _step_score(p, t, b if i == first_pointer else None, scale, radius) for i, (p, t) in enumerate(zip(got, want))
+    ]
     return 1.0 + sum(scores) / len(scores)
 
 
 # ------------------------------------------------------------------------------------------ plans -> actions
-def execute_plans(executor: PlanExecutor, items: Sequence[tuple[str, str, Any]],
-                  stats: dict[str, int] | None = None) -> list[str | None]:
+def execute_plans(
+    executor: PlanExecutor, items: Sequence[tuple[str, str, Any]], stats: dict[str, int] | None = None
+) -> list[str | None]:
     """Sampled planner answers -> env actions, batched, through the `coda` agent's own path from a plan to an
     action (coda_agent.executor.plans_to_actions): the answer is parsed as the agent parses it (Thought /
     Action; DONE, FAIL, WAIT and ANS are their own actions), every other step goes to the executor (UI-TARS
@@ -238,6 +261,9 @@ def execute_plans(executor: PlanExecutor, items: Sequence[tuple[str, str, Any]],
     if stats is not None:
         for k, v in counts.items():
             stats[k] = stats.get(k, 0) + v
-    log.info("execute_plans: %(plans)d plans, %(terminal)d terminal, %(plan_parse_errors)d planner parse errors, "
-             "%(executor_parse_errors)d executor parse errors", counts)
+    log.info(
+        "execute_plans: %(plans)d plans, %(terminal)d terminal, %(plan_parse_errors)d planner parse errors, "
+        "%(executor_parse_errors)d executor parse errors",
+        counts,
+    )
     return actions

@@ -8,6 +8,7 @@ screenshots from the stored PNGs, the current screen) and, as the target, what t
 loss is the summed cross-entropy of the target tokens (appended as tokens to the prompt's) over an optimizer
 step's micro-batches, divided by that step's target-token count.
 """
+
 from __future__ import annotations
 
 import random
@@ -20,14 +21,26 @@ import torch
 
 from ..planner import Planner, Turn
 from ..types import Sample
-from .common import (Method, RunLog, TrainConfig, accumulate, export_planner, load_checkpoint, load_trainable, opt,
-                     prepare_model, save_checkpoint, token_logprobs, trainable_parameters, write_config)
+from .common import (
+    Method,
+    RunLog,
+    TrainConfig,
+    accumulate,
+    export_planner,
+    load_checkpoint,
+    load_trainable,
+    opt,
+    prepare_model,
+    save_checkpoint,
+    token_logprobs,
+    trainable_parameters,
+    write_config,
+)
 
 
 @dataclass
 class SFTConfig(TrainConfig):
-    runs: list[str] = opt([], "run directories (globs allowed) whose successful episodes make the dataset",
-                          "--from")
+    runs: list[str] = opt([], "run directories (globs allowed) whose successful episodes make the dataset", "--from")
     out: str = opt("runs/sft", "run folder: config.json, metrics.jsonl, tb/, checkpoint/, planner/")
     lr: float = opt(1e-5, "AdamW learning rate")
     filter: str = opt("check", "check | judge: which episodes count as successful")
@@ -43,12 +56,13 @@ class Example:
     task: str
     app: str
     step: int
-    sample: Sample                                   # conversation + target tokens (filled by `tokenize`)
+    sample: Sample  # conversation + target tokens (filled by `tokenize`)
     target: str
 
 
 def _runs(patterns: Sequence[str | Path]) -> list[Path]:
     import glob
+
     out: list[Path] = []
     for p in map(str, patterns):
         found = sorted(glob.glob(p)) if any(c in p for c in "*?[") else [p]
@@ -58,10 +72,17 @@ def _runs(patterns: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def load_examples(runs: Sequence[str | Path], filter: str = "check", judge=None, threshold: float = 0.5,
-                  history_images: int = 2, screen: tuple[int, int] = (1280, 800)) -> tuple[list[Example], dict]:
+def load_examples(
+    runs: Sequence[str | Path],
+    filter: str = "check",
+    judge=None,
+    threshold: float = 0.5,
+    history_images: int = 2,
+    screen: tuple[int, int] = (1280, 800),
+) -> tuple[list[Example], dict]:
     """Planner examples from the kept episodes of `runs`, and counts (episodes seen, kept, examples)."""
     from coda_env.runs import load_episodes, read_jsonl, read_png
+
     if filter not in ("check", "judge"):
         raise ValueError("filter must be 'check' or 'judge'")
     if filter == "judge" and judge is None:
@@ -88,8 +109,7 @@ def load_examples(runs: Sequence[str | Path], filter: str = "check", judge=None,
                 call = next((c for c in st.get("calls", []) if c.get("model") == "planner"), None)
                 if call is not None and call.get("output"):
                     conv = planner.conversation(ep["instruction"], history, shots[k])
-                    examples.append(Example(ep["task"], ep["app"], k + 1, Sample("planner", conv, []),
-                                            call["output"]))
+                    examples.append(Example(ep["task"], ep["app"], k + 1, Sample("planner", conv, []), call["output"]))
                 history.append(Turn(shots[k], st.get("thought", ""), st.get("plan") or st.get("action", "")))
     counts["examples"] = len(examples)
     return examples, counts
@@ -114,7 +134,7 @@ def mean_loss(vlm, examples: Sequence[Example], micro_batch: int = 4) -> float:
     total, tokens = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(examples), micro_batch):
-            loss, n = planner_loss(vlm, examples[i:i + micro_batch])
+            loss, n = planner_loss(vlm, examples[i : i + micro_batch])
             total += float(loss) * n
             tokens += n
     return total / max(1, tokens)
@@ -147,14 +167,22 @@ def finetune(cfg: SFTConfig, vlm, examples: Sequence[Example], progress: bool = 
             step_size = cfg.micro_batch * cfg.grad_accum
             vlm.model.train()
             for i in range(0, len(order), step_size):
-                group = order[i:i + step_size]
+                group = order[i : i + step_size]
                 n = sum(len(e.sample.token_ids) for e in group)
-                chunks = [group[j:j + cfg.micro_batch] for j in range(0, len(group), cfg.micro_batch)]
-                accumulate(optimizer, params, chunks, cfg.max_grad_norm,
-                           lambda k, ch: (planner_loss(vlm, ch, n_tokens=n)[0], {}))
+                chunks = [group[j : j + cfg.micro_batch] for j in range(0, len(group), cfg.micro_batch)]
+                accumulate(
+                    optimizer,
+                    params,
+                    chunks,
+                    cfg.max_grad_norm,
+                    lambda k, ch: (planner_loss(vlm, ch, n_tokens=n)[0], {}),
+                )
             vlm.model.eval()
-            rec = {"epoch": epoch + 1, "loss": mean_loss(vlm, examples, cfg.micro_batch),
-                   "seconds": round(time.monotonic() - t0, 2)}
+            rec = {
+                "epoch": epoch + 1,
+                "loss": mean_loss(vlm, examples, cfg.micro_batch),
+                "seconds": round(time.monotonic() - t0, 2),
+            }
             history.append(rec)
             save_checkpoint(out, cfg, vlm.model, optimizer, epoch, rng)
             log.log(epoch + 1, rec, f"loss {rec['loss']:.3f}")
@@ -173,16 +201,22 @@ def run(cfg: SFTConfig, progress: bool = True) -> list[dict]:
     judge = None
     if cfg.filter == "judge":
         from ..judge import Judge, JudgeConfig
+
         judge = Judge(JudgeConfig(models=cfg.judge, threshold=cfg.threshold))
     examples, counts = load_examples(cfg.runs, cfg.filter, judge, cfg.threshold, cfg.history_images)
-    print(f"episodes {counts['episodes']}, kept {counts['kept']}, examples {counts['examples']}, "
-          f"skipped {counts['skipped']}")
+    print(
+        f"episodes {counts['episodes']}, kept {counts['kept']}, examples {counts['examples']}, "
+        f"skipped {counts['skipped']}"
+    )
     return finetune(cfg, vlm, examples, progress)
 
 
 def summary(cfg: SFTConfig, history: list[dict]) -> str:
-    return ("loss per epoch: " + ", ".join(f"{h['epoch']}: {h['loss']:.4f}" for h in history) +
-            f"\nplanner: {Path(cfg.out) / 'planner'}")
+    return (
+        "loss per epoch: "
+        + ", ".join(f"{h['epoch']}: {h['loss']:.4f}" for h in history)
+        + f"\nplanner: {Path(cfg.out) / 'planner'}"
+    )
 
 
 METHOD = Method("sft", "stage 2: generalist SFT on successful trajectories", SFTConfig, run, summary)

@@ -18,6 +18,7 @@ transformers'. This module is the glue a method needs around them:
 - `export_planner`: the trained planner as a self-contained checkpoint that `coda eval --planner` loads (LoRA
   merged into the base weights), also after DeepSpeed ZeRO-3 or FSDP training.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,20 @@ from transformers.processing_utils import ProcessorMixin
 from ..models import VISION_TOKENS, Conversation, to_pil
 
 # The columns of a state dataset (coda_agent.states): what the planner saw at one step and the labelled action.
-STATE_COLUMNS = ("id", "app", "task", "step", "source", "instruction", "history", "images", "target", "box",
-                 "radius", "screen")
+STATE_COLUMNS = (
+    "id",
+    "app",
+    "task",
+    "step",
+    "source",
+    "instruction",
+    "history",
+    "images",
+    "target",
+    "box",
+    "radius",
+    "screen",
+)
 
 
 # ------------------------------------------------------------------------------------------ the processor
@@ -53,6 +66,7 @@ class ImageTextProcessor(Qwen2_5_VLProcessor):
     def from_checkpoint(cls, path: str | Path) -> "ImageTextProcessor":
         """The processor of a local checkpoint directory (nothing is downloaded)."""
         from transformers import AutoImageProcessor, AutoTokenizer
+
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         tok.padding_side = "left"
         if not tok.chat_template:
@@ -77,6 +91,7 @@ def load_states(paths: Sequence[str | Path], app: str | None = None):
     """Load and concatenate state datasets (`datasets.save_to_disk` folders). Every dataset must hold states of
     one app, `app` when given. Returns (dataset, app). Errors are ValueErrors of one line."""
     from datasets import concatenate_datasets, load_from_disk
+
     if not paths:
         raise ValueError("no state dataset: give --data DIR (made by `coda data states ...`)")
     parts = []
@@ -87,9 +102,10 @@ def load_states(paths: Sequence[str | Path], app: str | None = None):
         try:
             ds = load_from_disk(str(p))
         except (FileNotFoundError, ValueError, OSError) as e:
-            raise ValueError(f"{p} is not a state dataset saved by `coda data states`: {str(e).splitlines()[0]}") \
-                from None
-        if hasattr(ds, "keys") and not hasattr(ds, "column_names"):          # a DatasetDict
+            raise ValueError(
+                f"{p} is not a state dataset saved by `coda data states`: {str(e).splitlines()[0]}"
+            ) from None
+        if hasattr(ds, "keys") and not hasattr(ds, "column_names"):  # a DatasetDict
             raise ValueError(f"{p} holds several splits ({', '.join(ds.keys())}); give one split's folder")
         missing = [c for c in STATE_COLUMNS if c not in ds.column_names]
         if missing:
@@ -101,11 +117,15 @@ def load_states(paths: Sequence[str | Path], app: str | None = None):
         parts.append(ds)
     if app is not None and set(apps) != {app}:
         other = sorted(set(apps) - {app})
-        raise ValueError(f"state dataset {apps[other[0]]} holds states of {', '.join(other)}, not {app}: CODA's "
-                         "stage 1 trains one planner per app")
+        raise ValueError(
+            f"state dataset {apps[other[0]]} holds states of {', '.join(other)}, not {app}: CODA's "
+            "stage 1 trains one planner per app"
+        )
     if len(apps) > 1:
-        raise ValueError(f"the state datasets mix apps ({', '.join(sorted(apps))}): CODA's stage 1 trains one "
-                         "planner per app; give the datasets of one app (or --app)")
+        raise ValueError(
+            f"the state datasets mix apps ({', '.join(sorted(apps))}): CODA's stage 1 trains one "
+            "planner per app; give the datasets of one app (or --app)"
+        )
     return (parts[0] if len(parts) == 1 else concatenate_datasets(parts)), next(iter(apps))
 
 
@@ -123,7 +143,7 @@ def trl_messages(conversation: Conversation) -> tuple[list[dict], list]:
     for m in conversation:
         content = m["content"]
         parts: list[dict[str, Any]] = []
-        for p in ([{"type": "text", "text": content}] if isinstance(content, str) else content):
+        for p in [{"type": "text", "text": content}] if isinstance(content, str) else content:
             if p["type"] == "image":
                 images.append(to_pil(p["image"]))
                 parts.append({"type": "image"})
@@ -136,6 +156,7 @@ def trl_messages(conversation: Conversation) -> tuple[list[dict], list]:
 def planner_conversation(record: dict, history_images: int = 2) -> Conversation:
     """The planner's conversation at a stored state, exactly as the live agent built it (coda_agent.states)."""
     from ..states import planner_conversation as rebuild
+
     return rebuild(record, history_images=history_images)
 
 
@@ -179,6 +200,7 @@ class RunLogCallback(TrainerCallback):
             f.write(json.dumps(record) + "\n")
         if self.writer is None:
             from torch.utils.tensorboard import SummaryWriter
+
             self.writer = SummaryWriter(str(self.out / "tb"))
         for k, v in record.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "step":
@@ -206,8 +228,11 @@ def last_checkpoint(folder: Path) -> Path | None:
     a save cut short has none), or None."""
     if not folder.is_dir():
         return None
-    found = [(int(m.group(1)), d) for d in folder.iterdir() if (m := _CKPT.match(d.name)) and d.is_dir()
-             and (d / "trainer_state.json").exists()]
+    found = [
+        (int(m.group(1)), d)
+        for d in folder.iterdir()
+        if (m := _CKPT.match(d.name)) and d.is_dir() and (d / "trainer_state.json").exists()
+    ]
     return max(found)[1] if found else None
 
 
@@ -227,12 +252,16 @@ def export_planner(trainer, base: str | Path | None, processor: ImageTextProcess
         if is_peft:
             import torch
             from peft import PeftModel
+
             if base is not None:
                 from transformers import AutoModelForImageTextToText
-                model = AutoModelForImageTextToText.from_pretrained(str(base), dtype=torch.float32,
-                                                                    local_files_only=True)
-            else:                                  # a model built in memory (benchmarks): merge a copy of it
+
+                model = AutoModelForImageTextToText.from_pretrained(
+                    str(base), dtype=torch.float32, local_files_only=True
+                )
+            else:  # a model built in memory (benchmarks): merge a copy of it
                 import copy
+
                 model = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.model)).get_base_model()
                 _drop_lora(model)
             merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
@@ -251,6 +280,7 @@ def export_planner(trainer, base: str | Path | None, processor: ImageTextProcess
 def _drop_lora(model) -> None:
     """Replace peft's LoRA layers by their base layers in place (a deep copy of a peft model's base)."""
     from peft.tuners.lora import LoraLayer
+
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, LoraLayer):

@@ -1,6 +1,7 @@
 """The app packages. Importing this imports each `coda_env/apps/<app>/` package, which registers itself
 (`coda_env.registry.register_app`); a package that fails to import is reported in `registry.BROKEN_APPS`
 (and by `coda envs`) instead of taking the other apps down."""
+
 from __future__ import annotations
 
 import importlib

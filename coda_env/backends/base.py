@@ -3,6 +3,7 @@
 A backend owns a display (Xvfb here, a VM elsewhere) and everything started on it. Apps and checks talk to
 the desktop only through this protocol, so the same app adapter and task run on every backend.
 """
+
 from __future__ import annotations
 
 import errno
@@ -44,43 +45,55 @@ class Desktop(Protocol):
     """What the env and the app adapters call. Optional capabilities are declared in `capabilities`, never
     probed: "a11y" (an AT-SPI bus: `a11y()` works), "snapshots" (`checkpoint(name)` saves the running
     desktop, `reset()` reverts to the last checkpoint; a VM)."""
+
     width: int
     height: int
     capabilities: frozenset[str]
-    app_timeout: float                 # how long an app may take to become ready here (a VM: far longer)
-    tmpdir: str | None                 # a folder that lives and dies with this desktop (None: none here):
-                                       # app homes, per-desktop caches, links of fixed name
+    app_timeout: float  # how long an app may take to become ready here (a VM: far longer)
+    tmpdir: str | None  # a folder that lives and dies with this desktop (None: none here):
+    # app homes, per-desktop caches, links of fixed name
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def alive(self) -> bool: ...
     def screenshot(self) -> np.ndarray:
         """The whole screen as an (height, width, 3) uint8 RGB array."""
+
     def input(self, action: Action) -> None:
         """Perform one non-terminal action with the mouse or keyboard."""
-    def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
-              log: str | None = None) -> subprocess.Popen:
+
+    def spawn(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None, log: str | None = None
+    ) -> subprocess.Popen:
         """Start a long-running program (an app) on this desktop, in a process group of its own."""
-    def run(self, argv: Sequence[str], timeout: float = 30.0, *,
-            writable: Sequence[str] | None = None) -> subprocess.CompletedProcess:
+
+    def run(
+        self, argv: Sequence[str], timeout: float = 30.0, *, writable: Sequence[str] | None = None
+    ) -> subprocess.CompletedProcess:
         """Run a command on the desktop to completion. With `writable`, it runs sealed as an app does (on a
         backend that seals apps: the local one), able to write only in those folders (checks that run
         programs on what the agent made); a VM, the sandbox itself, runs it as any command."""
+
     def read_file(self, path: str) -> bytes: ...
     def write_file(self, path: str, data: bytes) -> None: ...
     def windows(self) -> list[Window]: ...
     def a11y(self) -> "A11ySource":
         """Read access to the accessibility trees of the apps on this desktop (the caller closes it)."""
+
     def kill_group(self, proc: subprocess.Popen) -> None:
         """Kill a spawned program and everything it started."""
+
     def release_all(self) -> None:
         """Release every key and mouse button an action left pressed (episode end, reset, a failed action);
         a backend that can also switches keyboard locks off, so that no episode inherits another's input."""
+
     def http_get(self, port: int, path: str, timeout: float = 10.0) -> bytes:
         """GET http://127.0.0.1:port/path as seen from the desktop (this machine, or inside the VM guest)."""
+
     def checkpoint(self, name: str) -> None:
         """(capability "snapshots") Save the running desktop, apps and all, as `name`; `reset()` reverts to
         the latest. A desktop without the capability raises DesktopError."""
+
     def reset(self) -> None:
         """(capability "snapshots") Revert in place to the latest checkpoint (or to the booted desktop)."""
 
@@ -97,12 +110,19 @@ def make_temp_dir(prefix: str, parent: str | None = None, what: str = "a tempora
     except OSError as e:
         where = parent or tempfile.gettempdir()
         hint = "the disk is full: free space or " if e.errno == errno.ENOSPC else ""
-        raise DesktopError(f"cannot create {what} in {where} ({e.strerror or e}): {hint}set TMPDIR to a "
-                           f"writable folder with free space") from None
+        raise DesktopError(
+            f"cannot create {what} in {where} ({e.strerror or e}): {hint}set TMPDIR to a "
+            f"writable folder with free space"
+        ) from None
 
 
-def poll_until(deadline: float, attempt: Callable[[], T | None], on_timeout: Callable[[], Exception],
-               first: float = 0.005, most: float = 0.2) -> T:
+def poll_until(
+    deadline: float,
+    attempt: Callable[[], T | None],
+    on_timeout: Callable[[], Exception],
+    first: float = 0.005,
+    most: float = 0.2,
+) -> T:
     """Call `attempt` until it returns something other than None, with growing pauses between the calls;
     `on_timeout()`'s exception once the next pause would end past `deadline` (time.monotonic())."""
     for pause in backoff(first, most):

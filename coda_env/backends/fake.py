@@ -5,6 +5,7 @@
 loop, wrappers, rollouts, eval and the trainers' logic can be tested in milliseconds (`pytest -m fast`);
 they are not a model of any real application or display.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,6 +21,7 @@ from .base import DesktopError, Window
 
 class FakeProcess:
     """Popen-like handle of a fake app 'process'."""
+
     _next = 40_000
 
     def __init__(self, args: Sequence[str]):
@@ -42,15 +44,15 @@ class FakeProcess:
 
 class FakeDesktop:
     """A desktop in memory (a FAKE): input updates the scripted app's state, the screenshot draws it."""
+
     capabilities = frozenset()
     app_timeout = 5.0
     tmpdir = None
 
-    def __init__(self, width: int = 1280, height: int = 800, fail_start: bool = False,
-                 refuse_keys: Sequence[str] = ()):
+    def __init__(self, width: int = 1280, height: int = 800, fail_start: bool = False, refuse_keys: Sequence[str] = ()):
         self.width, self.height = width, height
         self.fail_start = fail_start
-        self.refuse_keys = frozenset(refuse_keys)     # keys this 'keyboard' lacks: input raises ValueError
+        self.refuse_keys = frozenset(refuse_keys)  # keys this 'keyboard' lacks: input raises ValueError
         self.started = False
         self.procs: list[FakeProcess] = []
         self.pressed: set[str] = set()
@@ -87,15 +89,16 @@ class FakeDesktop:
         if self.running():
             text = self.app.get("text", "")
             digest = hashlib.sha256(repr((text, self.app.get("submitted"), self.app.get("clicks"))).encode()).digest()
-            img[: self.height // 10] = np.frombuffer(digest[:3], np.uint8)     # a "title bar" per state
+            img[: self.height // 10] = np.frombuffer(digest[:3], np.uint8)  # a "title bar" per state
             n = min(len(text), 60)
-            img[self.height // 2: self.height // 2 + 20, 20: 20 + 20 * n] = 0  # the text field's content
+            img[self.height // 2 : self.height // 2 + 20, 20 : 20 + 20 * n] = 0  # the text field's content
         return img
 
     def windows(self) -> list[Window]:
         self._check()
-        return [Window(p.pid, "fake", "Fake app", 0, 0, self.width, self.height) for p in self.procs
-                if p.poll() is None]
+        return [
+            Window(p.pid, "fake", "Fake app", 0, 0, self.width, self.height) for p in self.procs if p.poll() is None
+        ]
 
     def running(self) -> bool:
         return any(p.poll() is None for p in self.procs)
@@ -136,15 +139,17 @@ class FakeDesktop:
         self.buttons.clear()
 
     # processes and files
-    def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
-              log: str | None = None) -> FakeProcess:
+    def spawn(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None, log: str | None = None
+    ) -> FakeProcess:
         self._check()
         p = FakeProcess(argv)
         self.procs.append(p)
         return p
 
-    def run(self, argv: Sequence[str], timeout: float = 30.0, *,
-            writable: Sequence[str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str], timeout: float = 30.0, *, writable: Sequence[str] | None = None
+    ) -> subprocess.CompletedProcess:
         self._check()
         return subprocess.CompletedProcess(list(argv), 0, b"", b"")
 

@@ -1,6 +1,7 @@
 """What the backends' watchdogs share: a watchdog is a process of its own that learns of its parent's death
 however the parent dies (its stdin pipe closes) and then removes what the parent made (a local desktop's
 processes and folder; a VM). Each backend's `__main__` runs its own cleanup after `wait_for_parent_death`."""
+
 from __future__ import annotations
 
 import signal

@@ -8,6 +8,7 @@ the env checks, parses and whitelists still applies. Typical SB3 stack:
     env = ClickGrid(PixelObservation(gym.make("coda/KAlgebra-v0", task="tab_3d_graph")), rows=1, cols=12,
                     region=(0, 41, 1016, 65), kinds=("click",))
 """
+
 from .click_grid import ClickGrid
 from .pixels import PixelObservation, decode_instruction, encode_instruction
 from .pointer import PointerAction
@@ -15,6 +16,18 @@ from .setup_failure import SetupFailure
 from .shaping import RewardShaping, ShapingContext, action_error_cost, screen_change_bonus, step_cost
 from .vocabulary import Vocabulary, vocabulary_from_tasks
 
-__all__ = ["ClickGrid", "PixelObservation", "PointerAction", "RewardShaping", "SetupFailure", "ShapingContext",
-           "Vocabulary", "action_error_cost", "decode_instruction", "encode_instruction", "screen_change_bonus",
-           "step_cost", "vocabulary_from_tasks"]
+__all__ = [
+    "ClickGrid",
+    "PixelObservation",
+    "PointerAction",
+    "RewardShaping",
+    "SetupFailure",
+    "ShapingContext",
+    "Vocabulary",
+    "action_error_cost",
+    "decode_instruction",
+    "encode_instruction",
+    "screen_change_bonus",
+    "step_cost",
+    "vocabulary_from_tasks",
+]

@@ -1,4 +1,5 @@
 """What the action wrappers share: the screen size of the env under them and a check that it takes text."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -17,9 +18,11 @@ def screen_of(env: gym.Env) -> tuple[int, int]:
 def require_text_actions(env: gym.Env, wrapper: str) -> None:
     """Action wrappers emit action strings: the env under them must take text (action_mode='text')."""
     if not isinstance(env.action_space, spaces.Text):
-        raise TypeError(f"{wrapper} maps to the env's action strings, so the env under it needs a Text action "
-                        f"space (action_mode='text'); got {env.action_space}. Put action wrappers directly on "
-                        "the env or on observation/reward wrappers only.")
+        raise TypeError(
+            f"{wrapper} maps to the env's action strings, so the env under it needs a Text action "
+            f"space (action_mode='text'); got {env.action_space}. Put action wrappers directly on "
+            "the env or on observation/reward wrappers only."
+        )
 
 
 def region_of(region: tuple[int, int, int, int] | None, screen: tuple[int, int]) -> tuple[int, int, int, int]:

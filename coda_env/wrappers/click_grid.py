@@ -5,6 +5,7 @@ the centre of one cell of a rows x cols grid laid over the screen, or over a `re
 toolbar) when the task family's targets lie there. `extra` appends whole action strings after the grid,
 by default "DONE", so an agent can end an episode itself (a truncated episode is scored too).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -24,9 +25,15 @@ class ClickGrid(gym.ActionWrapper):
     """Index i < rows*cols*len(kinds): kind i // (rows*cols), cell i % (rows*cols) in row-major order; then
     the `extra` actions in order."""
 
-    def __init__(self, env: gym.Env, rows: int = 8, cols: int = 8,
-                 kinds: Sequence[str] = ("click", "double", "right"),
-                 region: tuple[int, int, int, int] | None = None, extra: Sequence[str] = ("DONE",)):
+    def __init__(
+        self,
+        env: gym.Env,
+        rows: int = 8,
+        cols: int = 8,
+        kinds: Sequence[str] = ("click", "double", "right"),
+        region: tuple[int, int, int, int] | None = None,
+        extra: Sequence[str] = ("DONE",),
+    ):
         super().__init__(env)
         require_text_actions(env, "ClickGrid")
         if rows < 1 or cols < 1:

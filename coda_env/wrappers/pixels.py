@@ -7,6 +7,7 @@ whose target does not depend on it) or keeps it as a fixed-length Box of token i
 UTF-8 bytes shifted by one, 0 for padding. The tokenizer needs no vocabulary file and gives the same ids on
 every machine. Frames stack with gymnasium's FrameStackObservation on top of this wrapper.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -19,8 +20,12 @@ from PIL import Image
 PAD = 0
 VOCAB_SIZE = 257  # 256 byte values shifted by one, and PAD
 
-_RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
-             "area": Image.Resampling.BOX, "lanczos": Image.Resampling.LANCZOS}
+_RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "area": Image.Resampling.BOX,
+    "lanczos": Image.Resampling.LANCZOS,
+}
 
 
 def encode_instruction(text: str, length: int) -> np.ndarray:
@@ -45,9 +50,15 @@ class PixelObservation(gym.ObservationWrapper):
     ("area" averages, so thin text and lines survive a large downscale best; "bilinear" is the default).
     """
 
-    def __init__(self, env: gym.Env, size: tuple[int, int] = (84, 84), grayscale: bool = False,
-                 instruction: Literal["drop", "tokens"] = "drop", max_tokens: int = 128,
-                 resample: str = "bilinear"):
+    def __init__(
+        self,
+        env: gym.Env,
+        size: tuple[int, int] = (84, 84),
+        grayscale: bool = False,
+        instruction: Literal["drop", "tokens"] = "drop",
+        max_tokens: int = 128,
+        resample: str = "bilinear",
+    ):
         super().__init__(env)
         if instruction not in ("drop", "tokens"):
             raise ValueError(f"instruction must be 'drop' or 'tokens', got {instruction!r}")
@@ -65,9 +76,9 @@ class PixelObservation(gym.ObservationWrapper):
         if instruction == "drop":
             self.observation_space = pixels
         else:
-            self.observation_space = spaces.Dict({
-                "pixels": pixels,
-                "instruction": spaces.Box(0, VOCAB_SIZE - 1, (self.max_tokens,), np.int64)})
+            self.observation_space = spaces.Dict(
+                {"pixels": pixels, "instruction": spaces.Box(0, VOCAB_SIZE - 1, (self.max_tokens,), np.int64)}
+            )
 
     def pixels(self, frame: np.ndarray) -> np.ndarray:
         """One screenshot, resized (and grayscaled) as the observation holds it."""
@@ -84,5 +95,7 @@ class PixelObservation(gym.ObservationWrapper):
         px = self.pixels(observation["screenshot"])
         if self.mode == "drop":
             return px
-        return {"pixels": px, "instruction": encode_instruction(str(observation.get("instruction", "")),
-                                                                self.max_tokens)}
+        return {
+            "pixels": px,
+            "instruction": encode_instruction(str(observation.get("instruction", "")), self.max_tokens),
+        }

@@ -5,6 +5,7 @@ action is Box([0, 1]^3): x, y, and the type as a third coordinate split into len
 outside [0, 1] are clipped, as Gaussian policies produce them). `dict_space=True` gives
 Dict(point=Box([0, 1]^2), kind=Discrete) instead, for libraries that handle composite actions.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -17,13 +18,24 @@ from ..actions import Action
 from ._util import region_of, require_text_actions, screen_of
 
 #: kind -> how a point becomes an action (None: the kind ignores the point)
-POINTER_KINDS = {"click": ("left", 1), "double": ("left", 2), "right": ("right", 1), "move": None,
-                 "done": None, "wait": None}
+POINTER_KINDS = {
+    "click": ("left", 1),
+    "double": ("left", 2),
+    "right": ("right", 1),
+    "move": None,
+    "done": None,
+    "wait": None,
+}
 
 
 class PointerAction(gym.ActionWrapper):
-    def __init__(self, env: gym.Env, kinds: Sequence[str] = ("click", "double", "right", "done"),
-                 region: tuple[int, int, int, int] | None = None, dict_space: bool = False):
+    def __init__(
+        self,
+        env: gym.Env,
+        kinds: Sequence[str] = ("click", "double", "right", "done"),
+        region: tuple[int, int, int, int] | None = None,
+        dict_space: bool = False,
+    ):
         super().__init__(env)
         require_text_actions(env, "PointerAction")
         bad = [k for k in kinds if k not in POINTER_KINDS]
@@ -32,8 +44,9 @@ class PointerAction(gym.ActionWrapper):
         self.kinds, self.dict_space = tuple(kinds), dict_space
         self.region = region_of(region, screen_of(env))
         if dict_space:
-            self.action_space = spaces.Dict({"point": spaces.Box(0.0, 1.0, (2,), np.float32),
-                                             "kind": spaces.Discrete(len(self.kinds))})
+            self.action_space = spaces.Dict(
+                {"point": spaces.Box(0.0, 1.0, (2,), np.float32), "kind": spaces.Discrete(len(self.kinds))}
+            )
         else:
             self.action_space = spaces.Box(0.0, 1.0, (3,), np.float32)
 

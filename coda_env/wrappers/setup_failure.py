@@ -15,6 +15,7 @@ recovers on that reset (it stops what the failed one started). A reset that fail
 `coda eval` and the trainers' vector envs use it (coda_agent.rollout.make_vector_env); `run_episodes` records
 such an episode as failed, with its error, and goes on.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,7 +28,7 @@ from gymnasium import spaces
 class SetupFailure(gym.Wrapper):
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        self._failed: dict[str, Any] | None = None       # the failed reset's task and error, until the next step
+        self._failed: dict[str, Any] | None = None  # the failed reset's task and error, until the next step
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         self._failed = None
@@ -38,7 +39,7 @@ class SetupFailure(gym.Wrapper):
         except Exception as e:  # noqa: BLE001 - any failure of a chosen task's set-up: recorded, not raised
             task = getattr(base, "task", None)
             if task is None or (wanted is not None and task.id != wanted):
-                raise                                       # no task was chosen: not a task's failure
+                raise  # no task was chosen: not a task's failure
             _unmark_reset_check(self.env)
             error = f"{type(e).__name__}: {e}"
             self._failed = {"task": task.id, "error": error}
@@ -49,8 +50,13 @@ class SetupFailure(gym.Wrapper):
         if self._failed is None:
             return self.env.step(action)
         failed, self._failed = self._failed, None
-        info = {"task": failed["task"], "success": False, "checks": [], "setup_error": failed["error"],
-                "error": f"set-up failed: {failed['error']}"}
+        info = {
+            "task": failed["task"],
+            "success": False,
+            "checks": [],
+            "setup_error": failed["error"],
+            "error": f"set-up failed: {failed['error']}",
+        }
         return self._blank(""), 0.0, True, False, info
 
     def _blank(self, instruction: str) -> Any:
@@ -65,6 +71,7 @@ def _unmark_reset_check(env: gym.Env) -> None:
     reset raised, and its first step then fails on the reset data it never stored (gymnasium 1.4). A reset
     that raised did not happen: the checker checks the next one."""
     from gymnasium.wrappers.common import PassiveEnvChecker
+
     while isinstance(env, gym.Wrapper):
         if isinstance(env, PassiveEnvChecker) and not env.checked_step and env._previous_data is None:
             env.checked_reset = False

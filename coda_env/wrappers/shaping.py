@@ -5,6 +5,7 @@ Shaping helps exploration but changes what is optimised, so this wrapper keeps t
 is always the env's own reward and info["shaping"] the sum of the terms, while the returned reward is
 task_reward + shaping. With no terms the reward is unchanged. A term is any callable ShapingContext -> float.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,14 +18,15 @@ import numpy as np
 @dataclass(frozen=True)
 class ShapingContext:
     """What a shaping term sees of one step."""
+
     prev_obs: Any
     action: Any
     obs: Any
-    reward: float            # the env's reward (the task's checks at the end)
+    reward: float  # the env's reward (the task's checks at the end)
     terminated: bool
     truncated: bool
     info: dict
-    step: int                # 1 for the episode's first step
+    step: int  # 1 for the episode's first step
 
 
 Shaper = Callable[[ShapingContext], float]
@@ -48,9 +50,11 @@ def action_error_cost(cost: float = 0.05) -> Shaper:
 
 def screen_change_bonus(bonus: float = 0.01) -> Shaper:
     """+bonus when the action changed the screen (an exploration signal; it can be farmed: keep it small)."""
+
     def term(ctx: ShapingContext) -> float:
         a, b = _screen(ctx.prev_obs), _screen(ctx.obs)
         return float(bonus) if a is not None and b is not None and not np.array_equal(a, b) else 0.0
+
     return term
 
 
@@ -75,8 +79,9 @@ class RewardShaping(gym.Wrapper):
         info["task_reward"] = float(reward)
         bonus = 0.0
         if self.shapers:
-            ctx = ShapingContext(self._prev, action, obs, float(reward), bool(terminated), bool(truncated),
-                                 info, self._steps)
+            ctx = ShapingContext(
+                self._prev, action, obs, float(reward), bool(terminated), bool(truncated), info, self._steps
+            )
             bonus = self.scale * sum(float(s(ctx)) for s in self.shapers)
         info["shaping"] = bonus
         self._prev = obs

@@ -6,6 +6,7 @@ answer is a few actions), its keys (enter, tab ...), the fixed clicks its soluti
 and DONE. `vocabulary_from_tasks` builds it; any list of action strings works too. The family's `ANS`
 answers are included only with answers=True (they give the answers away; for curricula and smoke tests).
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,13 @@ _SNIPPET = re.compile(r":=|[A-Za-z_][A-Za-z_0-9]*|\d+(?:\.\d+)?|\S| ")
 DEFAULT_KEYS = ("enter", "backspace", "tab", "esc")
 
 
-def vocabulary_from_tasks(tasks: Iterable, keys: Sequence[str] = DEFAULT_KEYS, clicks: bool = True,
-                          answers: bool = False, screen: tuple[int, int] = (1280, 800)) -> list[str]:
+def vocabulary_from_tasks(
+    tasks: Iterable,
+    keys: Sequence[str] = DEFAULT_KEYS,
+    clicks: bool = True,
+    answers: bool = False,
+    screen: tuple[int, int] = (1280, 800),
+) -> list[str]:
     """Distinct action strings from the oracle solutions of `tasks` (Task objects), in a stable order:
     DONE, the keys, the clicks, the text snippets (sorted), then the answers."""
     found_keys: list[str] = list(keys)
@@ -49,8 +55,13 @@ def vocabulary_from_tasks(tasks: Iterable, keys: Sequence[str] = DEFAULT_KEYS, c
                         click_set.append(s)
                 elif a.kind == "answer" and answers and a.to_pyautogui() not in answer_set:
                     answer_set.append(a.to_pyautogui())
-    return (["DONE"] + [Action("press", keys=(k,)).to_pyautogui() for k in found_keys] + click_set
-            + [Action("type", text=s).to_pyautogui() for s in sorted(snippets)] + answer_set)
+    return (
+        ["DONE"]
+        + [Action("press", keys=(k,)).to_pyautogui() for k in found_keys]
+        + click_set
+        + [Action("type", text=s).to_pyautogui() for s in sorted(snippets)]
+        + answer_set
+    )
 
 
 class Vocabulary(gym.ActionWrapper):

@@ -2,6 +2,7 @@
 fake desktop (`coda_env.backends.fake`). Not a model of any real application: every real app has its own
 end-to-end suite on a real desktop. `register_fake()` registers it as `coda/Fake-v0` (backend "fake") with a
 few inline tasks; `import coda_env` does not (app packages whose names start with "_" are not loaded)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +14,7 @@ from ...registry import AppError, AppSpec, CheckType, LaunchContext, register_ap
 
 class FakeApp:
     """A scripted app (a FAKE): a text field and a click counter on a FakeDesktop."""
+
     name = "fake"
 
     def __init__(self) -> None:
@@ -21,8 +23,7 @@ class FakeApp:
     def launch(self, ctx: LaunchContext) -> FakeProcess:
         if not isinstance(ctx.desktop, FakeDesktop):
             raise AppError("the fake app runs only on the fake backend (backend='fake')")
-        ctx.desktop.app = {"text": "", "submitted": [], "clicks": 0,
-                           "opened": [Path(f).name for f in ctx.open_files]}
+        ctx.desktop.app = {"text": "", "submitted": [], "clicks": 0, "opened": [Path(f).name for f in ctx.open_files]}
         self.proc = ctx.desktop.spawn(["fake-app"])
         return self.proc
 
@@ -35,9 +36,13 @@ class FakeApp:
         if self.proc is None or self.proc.poll() is not None:
             raise AppError("the fake app is not running")
         app = desktop.app
-        return {"text": app.get("text", ""), "submitted": list(app.get("submitted", [])),
-                "value": (app.get("submitted") or [None])[-1], "clicks": app.get("clicks", 0),
-                "opened": list(app.get("opened", []))}
+        return {
+            "text": app.get("text", ""),
+            "submitted": list(app.get("submitted", [])),
+            "value": (app.get("submitted") or [None])[-1],
+            "clicks": app.get("clicks", 0),
+            "opened": list(app.get("opened", [])),
+        }
 
     def a11y_text(self, desktop: FakeDesktop) -> str:
         s = self.state(desktop)
@@ -49,33 +54,70 @@ class FakeApp:
 
 def _clicks(c: dict, ctx) -> tuple[bool, str]:
     got = ctx.state.get("clicks")
-    return got == c["at_least"] or (isinstance(got, int) and got >= c["at_least"]), f"{got} clicks, want >= {c['at_least']}"
+    return got == c["at_least"] or (
+        isinstance(got, int) and got >= c["at_least"]
+    ), f"{got} clicks, want >= {c['at_least']}"
 
 
 FAKE_TASKS = [
-    {"id": "fake_type_42", "app": "fake", "instruction": "Type 42 in the field and press Enter.", "steps": 5,
-     "evaluate": [{"type": "state", "path": "value", "value": "42"}],
-     "solution": ["pyautogui.write('42')", "pyautogui.press('enter')", "DONE"], "difficulty": "easy",
-     "category": "Entry"},
-    {"id": "fake_click_twice", "app": "fake", "instruction": "Click anywhere twice.", "steps": 4,
-     "evaluate": [{"type": "fake_clicks", "at_least": 2}],
-     "solution": ["pyautogui.click(10, 10)", "pyautogui.click(20, 20)", "DONE"], "category": "Pointer"},
-    {"id": "fake_answer", "app": "fake", "instruction": "What is 3 + 4? Answer with ANS.", "steps": 3,
-     "evaluate": [{"type": "answer", "number": 7}], "solution": ["ANS 7"], "difficulty": "easy",
-     "category": "Answer"},
-    {"id": "fake_note", "app": "fake", "instruction": "Type the word in note.txt and press Enter.", "steps": 5,
-     "initialize": [{"func": "write_file", "path": "note.txt", "content": "hello"},
-                    {"func": "open_file", "path": "note.txt"}],
-     "evaluate": [{"type": "state", "path": "value", "value": "hello"},
-                  {"type": "file", "path": "note.txt", "equals": "hello"}],
-     "solution": ["pyautogui.write('hello')", "pyautogui.press('enter')", "DONE"], "category": "Entry"},
+    {
+        "id": "fake_type_42",
+        "app": "fake",
+        "instruction": "Type 42 in the field and press Enter.",
+        "steps": 5,
+        "evaluate": [{"type": "state", "path": "value", "value": "42"}],
+        "solution": ["pyautogui.write('42')", "pyautogui.press('enter')", "DONE"],
+        "difficulty": "easy",
+        "category": "Entry",
+    },
+    {
+        "id": "fake_click_twice",
+        "app": "fake",
+        "instruction": "Click anywhere twice.",
+        "steps": 4,
+        "evaluate": [{"type": "fake_clicks", "at_least": 2}],
+        "solution": ["pyautogui.click(10, 10)", "pyautogui.click(20, 20)", "DONE"],
+        "category": "Pointer",
+    },
+    {
+        "id": "fake_answer",
+        "app": "fake",
+        "instruction": "What is 3 + 4? Answer with ANS.",
+        "steps": 3,
+        "evaluate": [{"type": "answer", "number": 7}],
+        "solution": ["ANS 7"],
+        "difficulty": "easy",
+        "category": "Answer",
+    },
+    {
+        "id": "fake_note",
+        "app": "fake",
+        "instruction": "Type the word in note.txt and press Enter.",
+        "steps": 5,
+        "initialize": [
+            {"func": "write_file", "path": "note.txt", "content": "hello"},
+            {"func": "open_file", "path": "note.txt"},
+        ],
+        "evaluate": [
+            {"type": "state", "path": "value", "value": "hello"},
+            {"type": "file", "path": "note.txt", "equals": "hello"},
+        ],
+        "solution": ["pyautogui.write('hello')", "pyautogui.press('enter')", "DONE"],
+        "category": "Entry",
+    },
 ]
 
 
 def register_fake(tasks: Sequence[dict] = FAKE_TASKS) -> AppSpec:
     """Register the FAKE app as `coda/Fake-v0` (backend 'fake'); tests call this, `import coda_env` does not."""
-    return register_app(AppSpec(
-        name="fake", env_id="coda/Fake-v0", adapter=FakeApp, tasks=list(tasks),
-        checks=[CheckType("fake_clicks", _clicks, lambda c: None, required={"at_least"})],
-        env_kwargs={"backend": "fake", "settle_quiet": 0.0, "settle_timeout": 0.0},
-        description="a scripted FAKE app for fast tests (no X server)"))
+    return register_app(
+        AppSpec(
+            name="fake",
+            env_id="coda/Fake-v0",
+            adapter=FakeApp,
+            tasks=list(tasks),
+            checks=[CheckType("fake_clicks", _clicks, lambda c: None, required={"at_least"})],
+            env_kwargs={"backend": "fake", "settle_quiet": 0.0, "settle_timeout": 0.0},
+            description="a scripted FAKE app for fast tests (no X server)",
+        )
+    )

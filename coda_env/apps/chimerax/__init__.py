@@ -8,6 +8,7 @@ here, with this project's tasks in tasks/ and the structures they open in data/.
 builds ChimeraX's library without a GUI (engine/), on which the default test suite runs everything but the
 GUI itself.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,17 @@ def available() -> str | None:
     return None if find_chimerax() else MISSING
 
 
-SPEC = register_app(AppSpec(
-    name="chimerax", env_id="coda/ChimeraX-v0", adapter=ChimeraX, checks=CHECKS, setup_ops=SETUP_OPS,
-    task_dir=Path(__file__).parent / "tasks", available=available, scienceboard=scienceboard,
-    scienceboard_names=("ChimeraX",),
-    description="UCSF ChimeraX: molecular structure visualisation and analysis"))
+SPEC = register_app(
+    AppSpec(
+        name="chimerax",
+        env_id="coda/ChimeraX-v0",
+        adapter=ChimeraX,
+        checks=CHECKS,
+        setup_ops=SETUP_OPS,
+        task_dir=Path(__file__).parent / "tasks",
+        available=available,
+        scienceboard=scienceboard,
+        scienceboard_names=("ChimeraX",),
+        description="UCSF ChimeraX: molecular structure visualisation and analysis",
+    )
+)

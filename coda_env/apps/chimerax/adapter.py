@@ -10,6 +10,7 @@ wherever it runs.
 The same adapter drives coda's ChimeraX *engine* (ChimeraX 1.7.1's library without a GUI,
 `make chimerax-engine`) when built with `gui=False`: the engine tests use that; gym.make never does.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,20 +28,24 @@ from ...registry import AppError, LaunchContext
 HERE = Path(__file__).resolve().parent
 INSIDE = HERE / "inside.py"
 DATA = HERE / "data"
-STATE_MARK = "coda-state:"             # inside.py's codadump: the log line that carries the state
-CODA_DIR = ".coda-chimerax"            # in the app's home: inside.py, state dumps
+STATE_MARK = "coda-state:"  # inside.py's codadump: the log line that carries the state
+CODA_DIR = ".coda-chimerax"  # in the app's home: inside.py, state dumps
 STATE_FILE = f"{CODA_DIR}/state.json"
 # Where the Debian/Ubuntu .deb puts its launcher besides /usr/bin/chimerax (a symlink to it).
 DEB_PATHS = ("/usr/bin/chimerax", "/usr/lib/ucsf-chimerax*/bin/ChimeraX")
-MISSING = ("ChimeraX is not installed (looked for CODA_CHIMERAX, `chimerax` on PATH and "
-           + ", ".join(DEB_PATHS) + "): download the .deb from https://www.cgl.ucsf.edu/chimerax/download.html "
-           "and install it on this machine (apt install ./ucsf-chimerax_*.deb), or add it to the VM image "
-           "(CHIMERAX_DEB=/path/to/ucsf-chimerax.deb make vm-image) and use backend=\"libvirt\"")
+MISSING = (
+    "ChimeraX is not installed (looked for CODA_CHIMERAX, `chimerax` on PATH and "
+    + ", ".join(DEB_PATHS)
+    + "): download the .deb from https://www.cgl.ucsf.edu/chimerax/download.html "
+    "and install it on this machine (apt install ./ucsf-chimerax_*.deb), or add it to the VM image "
+    '(CHIMERAX_DEB=/path/to/ucsf-chimerax.deb make vm-image) and use backend="libvirt"'
+)
 
 
 def find_chimerax(binary: str | None = None) -> str | None:
     """The ChimeraX launcher on this machine: `binary`, $CODA_CHIMERAX, `chimerax` on PATH, the .deb's paths."""
     import glob
+
     debs = [p for pattern in DEB_PATHS for p in sorted(glob.glob(pattern))]
     for cand in (binary, os.environ.get("CODA_CHIMERAX"), shutil.which("chimerax"), *debs):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
@@ -105,8 +110,11 @@ class ChimeraX:
             if desktop.run(["test", "-x", self.binary], timeout=30).returncode != 0:
                 raise AppError(f"ChimeraX launcher {self.binary!r} is not an executable file. " + MISSING)
             return self.binary
-        probe = ('for c in "$CODA_CHIMERAX" "$(command -v chimerax)" ' + " ".join(DEB_PATHS)
-                 + '; do [ -n "$c" ] && [ -x "$c" ] && [ -f "$c" ] && { echo "$c"; exit 0; }; done; exit 1')
+        probe = (
+            'for c in "$CODA_CHIMERAX" "$(command -v chimerax)" '
+            + " ".join(DEB_PATHS)
+            + '; do [ -n "$c" ] && [ -x "$c" ] && [ -f "$c" ] && { echo "$c"; exit 0; }; done; exit 1'
+        )
         r = desktop.run(["sh", "-c", probe], timeout=30)
         out = (r.stdout.decode() if isinstance(r.stdout, bytes) else (r.stdout or "")).strip()
         if r.returncode != 0 or not out:
@@ -118,24 +126,37 @@ class ChimeraX:
         binary = self._find(desktop)
         h = Path(home)
         # A fresh profile: the folders ChimeraX expects, no toolshed or update checks (no network).
-        desktop.write_file(str(h / ".config/ChimeraX/chimerax.core-1"),
-                           b"[DEFAULT]\ntoolshed_update_interval = 'never'\nnewer_update_interval = 'never'\n")
+        desktop.write_file(
+            str(h / ".config/ChimeraX/chimerax.core-1"),
+            b"[DEFAULT]\ntoolshed_update_interval = 'never'\nnewer_update_interval = 'never'\n",
+        )
         desktop.write_file(str(h / ".local/share/ChimeraX/.coda"), b"")
         desktop.write_file(str(h / ".cache/ChimeraX/.coda"), b"")
         desktop.write_file(str(h / CODA_DIR / "inside.py"), INSIDE.read_bytes())
         self.home = home
         self.port = free_port()
         self._initialized = False
-        env = {"HOME": home, "CODA_HOME": home, "XDG_CONFIG_HOME": str(h / ".config"), "XDG_DATA_HOME": str(h / ".local/share"),
-               "XDG_CACHE_HOME": str(h / ".cache"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-               # QtWebEngine (the log, help viewer) refuses to run as root without these
-               "QTWEBENGINE_DISABLE_SANDBOX": "1", "QTWEBENGINE_CHROMIUM_FLAGS": "--no-sandbox --disable-gpu",
-               # matplotlib's font cache: in the home (a sealed app writes nowhere else)
-               "MPLCONFIGDIR": str(h / ".cache" / "mplconfig"),
-               # no network: anything that honours proxies goes nowhere; the REST server is local
-               "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
-               "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
-               "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+        env = {
+            "HOME": home,
+            "CODA_HOME": home,
+            "XDG_CONFIG_HOME": str(h / ".config"),
+            "XDG_DATA_HOME": str(h / ".local/share"),
+            "XDG_CACHE_HOME": str(h / ".cache"),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            # QtWebEngine (the log, help viewer) refuses to run as root without these
+            "QTWEBENGINE_DISABLE_SANDBOX": "1",
+            "QTWEBENGINE_CHROMIUM_FLAGS": "--no-sandbox --disable-gpu",
+            # matplotlib's font cache: in the home (a sealed app writes nowhere else)
+            "MPLCONFIGDIR": str(h / ".cache" / "mplconfig"),
+            # no network: anything that honours proxies goes nowhere; the REST server is local
+            "http_proxy": "http://127.0.0.1:9",
+            "https_proxy": "http://127.0.0.1:9",
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+            "no_proxy": "127.0.0.1,localhost",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
         argv = [binary, "--cmd", f"remotecontrol rest start port {self.port} json true"]
         if not self.gui:
             argv.append("--nostatus")
@@ -152,10 +173,10 @@ class ChimeraX:
 
     def ready(self, desktop: Desktop) -> bool:
         if self._proc is not None and self._proc.poll() is not None:
-            raise AppError(f"chimerax exited with code {self._proc.returncode} while starting: "
-                           f"{self._log_tail(desktop)}")
-        if self.gui and not any("chimerax" in (w.wm_class or "").lower() and w.width > 200
-                                for w in desktop.windows()):
+            raise AppError(
+                f"chimerax exited with code {self._proc.returncode} while starting: {self._log_tail(desktop)}"
+            )
+        if self.gui and not any("chimerax" in (w.wm_class or "").lower() and w.width > 200 for w in desktop.windows()):
             return False
         try:
             rest_run(desktop, self.port, "version", timeout=2.0)
@@ -228,7 +249,7 @@ def dump_state(desktop: Desktop, port: int | None, home: str | None) -> dict[str
     if text is None:
         raise AppError(f"ChimeraX's codadump answered no state: {str(answer)[:300]}")
     try:
-        state = json.loads(text[len(STATE_MARK):])
+        state = json.loads(text[len(STATE_MARK) :])
     except ValueError as e:
         raise AppError(f"ChimeraX's state is not JSON: {e}") from None
     state["rest_port"] = port

@@ -10,6 +10,7 @@
   image's size; a .cxs session that reopens to a given state (this reopens it in the running app, replacing
   its session, so put it last).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,14 +36,36 @@ from .adapter import dump_state, quote, rest_run
 
 # The queries a chimerax_info check may run (as resolved by commands.py): they read, never write or reach out.
 READ_ONLY = commands.Policy(
-    commands=frozenset({"info", "getcrd", *(f"info {s}" for s in (
-        "bounds", "models", "chains", "polymers", "residues", "atoms", "selection", "atomattr", "atomcolor",
-        "bondattr", "resattr", "rescolor", "distmat")), *(f"measure {s}" for s in (
-        "center", "sasa", "area", "length", "volume", "inertia"))}),
-    keywords={"mark": "places a marker model (a query must not change the session)"})
+    commands=frozenset(
+        {
+            "info",
+            "getcrd",
+            *(
+                f"info {s}"
+                for s in (
+                    "bounds",
+                    "models",
+                    "chains",
+                    "polymers",
+                    "residues",
+                    "atoms",
+                    "selection",
+                    "atomattr",
+                    "atomcolor",
+                    "bondattr",
+                    "resattr",
+                    "rescolor",
+                    "distmat",
+                )
+            ),
+            *(f"measure {s}" for s in ("center", "sasa", "area", "length", "volume", "inertia")),
+        }
+    ),
+    keywords={"mark": "places a marker model (a query must not change the session)"},
+)
 MAX_PATTERN = 500
-MAX_PIXELS = 20_000        # width/height of a saved image
-MAX_ATOMS = 100_000_000    # atoms/residues/chains of a saved structure
+MAX_PIXELS = 20_000  # width/height of a saved image
+MAX_ATOMS = 100_000_000  # atoms/residues/chains of a saved structure
 
 
 # ------------------------------------------------------------------ helpers
@@ -54,11 +77,11 @@ def get_path(obj: Any, path: str | list) -> Any:
             try:
                 obj = obj[int(p)]
             except (ValueError, IndexError):
-                raise KeyError(".".join(map(str, parts[:i + 1]))) from None
+                raise KeyError(".".join(map(str, parts[: i + 1]))) from None
         elif isinstance(obj, dict) and str(p) in obj:
             obj = obj[str(p)]
         else:
-            raise KeyError(".".join(map(str, parts[:i + 1])))
+            raise KeyError(".".join(map(str, parts[: i + 1])))
     return obj
 
 
@@ -153,8 +176,10 @@ def _info_validate(c: dict) -> None:
             if len(commands.check(cmd, READ_ONLY)) != 1:
                 raise ValueError("is several commands")
         except ValueError as e:
-            raise CheckError(f"'command': {e} (a check runs one read-only query: info ..., measure center|sasa|"
-                             f"area|length|volume|inertia ..., getcrd ...)") from None
+            raise CheckError(
+                f"'command': {e} (a check runs one read-only query: info ..., measure center|sasa|"
+                f"area|length|volume|inertia ..., getcrd ...)"
+            ) from None
     if "json" in c and not isinstance(c["json"], (str, list)):
         raise CheckError("'json' must be a path into the command's JSON value")
     _one_comparison(c, ("lines",))
@@ -207,8 +232,9 @@ def _file_validate(c: dict) -> None:
     for k in ("atoms", "residues"):
         if k in c:
             number(c[k], f"'{k}'", 0, MAX_ATOMS, integer=True, error=CheckError)
-    if "chains" in c and not (isinstance(c["chains"], list) and len(c["chains"]) <= MAX_ATOMS
-                              and all(isinstance(x, str) for x in c["chains"])):
+    if "chains" in c and not (
+        isinstance(c["chains"], list) and len(c["chains"]) <= MAX_ATOMS and all(isinstance(x, str) for x in c["chains"])
+    ):
         raise CheckError("'chains' must be a list of chain ids")
     if "contains" in c and not isinstance(c["contains"], str):
         raise CheckError("'contains' must be a string")
@@ -237,9 +263,9 @@ def image_size(data: bytes) -> tuple[int, int] | None:
             if data[i] != 0xFF:
                 i += 1
                 continue
-            marker, length = data[i + 1], struct.unpack(">H", data[i + 2:i + 4])[0]
+            marker, length = data[i + 1], struct.unpack(">H", data[i + 2 : i + 4])[0]
             if marker in (0xC0, 0xC1, 0xC2):
-                h, w = struct.unpack(">HH", data[i + 5:i + 9])
+                h, w = struct.unpack(">HH", data[i + 5 : i + 9])
                 return w, h
             i += 2 + length
     return None
@@ -265,7 +291,7 @@ def structure_summary(text: str, cif: bool) -> dict:
             in_loop, cols = True, []
             continue
         if in_loop and s.startswith("_atom_site."):
-            cols.append(s.split()[0][len("_atom_site."):])
+            cols.append(s.split()[0][len("_atom_site.") :])
             continue
         if cols and s.startswith(("ATOM", "HETATM")):
             f = s.split()
@@ -328,10 +354,18 @@ def _file(c: dict, ctx: CheckContext) -> tuple[bool, str]:
 
 
 CHECKS = [
-    CheckType("states", _states, _states_validate,
-              required={"path"}, optional={"value", "pattern", "contains", "exists", "tol"}),
-    CheckType("chimerax_info", _info, _info_validate,
-              optional={"command", "log", "json", "value", "pattern", "contains", "lines", "tol"}),
-    CheckType("chimerax_file", _file, _file_validate,
-              required={"path"}, optional=frozenset(FILE_KEYS) | {"tol"}),
+    CheckType(
+        "states",
+        _states,
+        _states_validate,
+        required={"path"},
+        optional={"value", "pattern", "contains", "exists", "tol"},
+    ),
+    CheckType(
+        "chimerax_info",
+        _info,
+        _info_validate,
+        optional={"command", "log", "json", "value", "pattern", "contains", "lines", "tol"},
+    ),
+    CheckType("chimerax_file", _file, _file_validate, required={"path"}, optional=frozenset(FILE_KEYS) | {"tol"}),
 ]

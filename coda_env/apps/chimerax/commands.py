@@ -16,6 +16,7 @@ task file's command is resolved here the same way, against the table ChimeraX 1.
 - it has quotes, control characters or a comment (no second tokenizer to disagree with ChimeraX's).
 Nothing here runs anything: `check` returns the resolved command names or raises ValueError with the reason.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,22 +28,40 @@ from pathlib import Path
 
 TABLE_FILE = Path(__file__).resolve().parent / "commands.json"
 MAX_TEXT = 2000
-MAX_NUMBER = 1e6               # any number in a command
-MAX_ANIMATED = 3600            # any number in a command that animates over frames (turn y 90 3600)
-MAX_WAIT = 600                 # frames `wait` may hold ChimeraX (10 s at 60 frames/s)
+MAX_NUMBER = 1e6  # any number in a command
+MAX_ANIMATED = 3600  # any number in a command that animates over frames (turn y 90 3600)
+MAX_WAIT = 600  # frames `wait` may hold ChimeraX (10 s at 60 frames/s)
 # Keywords that name a file, a folder, a URL or code, in any ChimeraX command (tools/chimerax_gen_commands.py's
 # table, all of it): refused in every command, even where the table does not list them (another ChimeraX
 # version may add them), for every word of 2+ characters that abbreviates one.
 FILE_KEYWORDS: dict[str, str] = {
-    "saveFile": "writes a file", "file": "reads a file", "filename": "names a file", "logFile": "writes a file",
-    "outputFile": "writes a file", "output": "writes a file", "directory": "names a folder",
-    "writeColors": "writes a file", "writeSurfaceData": "writes a file", "writeMol2": "writes a file",
-    "save": "writes a file", "saveSettings": "writes settings", "path": "names a file",
-    "tempPath": "names a folder", "executableLocation": "runs a program", "executableLinks": "runs commands",
-    "url": "reaches the network", "host": "reaches the network", "port": "opens a port",
-    "server": "reaches the network", "nameServer": "reaches the network", "script": "runs code",
-    "python": "runs code", "runscript": "runs code", "showCommands": "runs commands",
-    "relayCommands": "runs commands", "command": "runs commands",
+    "saveFile": "writes a file",
+    "file": "reads a file",
+    "filename": "names a file",
+    "logFile": "writes a file",
+    "outputFile": "writes a file",
+    "output": "writes a file",
+    "directory": "names a folder",
+    "writeColors": "writes a file",
+    "writeSurfaceData": "writes a file",
+    "writeMol2": "writes a file",
+    "save": "writes a file",
+    "saveSettings": "writes settings",
+    "path": "names a file",
+    "tempPath": "names a folder",
+    "executableLocation": "runs a program",
+    "executableLinks": "runs commands",
+    "url": "reaches the network",
+    "host": "reaches the network",
+    "port": "opens a port",
+    "server": "reaches the network",
+    "nameServer": "reaches the network",
+    "script": "runs code",
+    "python": "runs code",
+    "runscript": "runs code",
+    "showCommands": "runs commands",
+    "relayCommands": "runs commands",
+    "command": "runs commands",
 }
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|infinity|nan)", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -62,10 +81,11 @@ def user_kw(word: str) -> str:
 @dataclass(frozen=True)
 class Policy:
     """Which resolved commands a use allows, and what it refuses besides FILE_KEYWORDS."""
-    commands: frozenset[str]                                 # full names (with subcommands) allowed
-    subtrees: frozenset[str] = frozenset()                   # names whose every subcommand is allowed too
+
+    commands: frozenset[str]  # full names (with subcommands) allowed
+    subtrees: frozenset[str] = frozenset()  # names whose every subcommand is allowed too
     forbidden: dict[str, str] = field(default_factory=dict)  # full name -> why (its subcommands too)
-    keywords: dict[str, str] = field(default_factory=dict)   # extra forbidden keywords -> why
+    keywords: dict[str, str] = field(default_factory=dict)  # extra forbidden keywords -> why
 
     def allows(self, name: str) -> bool:
         if any(name == f or name.startswith(f + " ") for f in self.forbidden):
@@ -108,8 +128,10 @@ def resolve_one(command: str, policy: Policy) -> str:
     if head not in cmds:
         near = sorted(n for n in table()["top"] if n.casefold().startswith(head.casefold()))
         if near:
-            raise ValueError(f"{head!r} is not a full ChimeraX command name (ChimeraX would complete it to "
-                             f"{' or '.join(near[:8])}{' ...' if len(near) > 8 else ''}): spell commands in full")
+            raise ValueError(
+                f"{head!r} is not a full ChimeraX command name (ChimeraX would complete it to "
+                f"{' or '.join(near[:8])}{' ...' if len(near) > 8 else ''}): spell commands in full"
+            )
         raise ValueError(f"{head!r} is not a ChimeraX command")
     name, i = head, 1
     while i < len(words) and cmds.get(name, {}).get("subcommands"):
@@ -120,11 +142,13 @@ def resolve_one(command: str, policy: Policy) -> str:
             continue
         near = [s for s in subs if s.casefold().startswith(w.casefold())]
         if near == [s for s in subs if s.startswith(w)] and len(near) == 1:
-            name, i = f"{name} {near[0]}", i + 1      # a unique abbreviation (`info sel`): what ChimeraX runs
+            name, i = f"{name} {near[0]}", i + 1  # a unique abbreviation (`info sel`): what ChimeraX runs
             continue
-        if near:                 # ChimeraX would take the first registered subcommand the word begins
-            raise ValueError(f"{w!r} after {name!r} is ambiguous: it abbreviates the subcommands "
-                             f"{' and '.join(near)}: spell it in full")
+        if near:  # ChimeraX would take the first registered subcommand the word begins
+            raise ValueError(
+                f"{w!r} after {name!r} is ambiguous: it abbreviates the subcommands "
+                f"{' and '.join(near)}: spell it in full"
+            )
         break
     for f, why in policy.forbidden.items():
         if name == f or name.startswith(f + " "):
@@ -142,25 +166,34 @@ def resolve_one(command: str, policy: Policy) -> str:
         kw = user_kw(w).casefold()
         exact = [k for k in keywords if k.casefold() == kw]
         if exact and exact[0] not in forbidden:
-            continue                     # a keyword of the command, spelled in full: ChimeraX takes it as is
+            continue  # a keyword of the command, spelled in full: ChimeraX takes it as is
         if kw and kw[0].isalpha():
             cands = [k for k in keywords if k.casefold().startswith(kw)]
             bad = [k for k in cands if k in forbidden]
             if bad:
-                raise ValueError(f"{w!r} in {command!r} resolves to {name}'s keyword {bad[0]!r}, which "
-                                 f"{forbidden[bad[0]]}")
+                raise ValueError(
+                    f"{w!r} in {command!r} resolves to {name}'s keyword {bad[0]!r}, which {forbidden[bad[0]]}"
+                )
             if len(kw) >= 2:
                 bad = [k for k in forbidden if k.casefold().startswith(kw)]
                 if bad:
-                    raise ValueError(f"{w!r} in {command!r} could be read as the keyword {bad[0]!r}, which "
-                                     f"{forbidden[bad[0]]}")
+                    raise ValueError(
+                        f"{w!r} in {command!r} could be read as the keyword {bad[0]!r}, which {forbidden[bad[0]]}"
+                    )
             if len(cands) > 1:
-                raise ValueError(f"{w!r} in {command!r} is ambiguous among {name}'s keywords "
-                                 f"({', '.join(cands)}): spell keywords in full")
+                raise ValueError(
+                    f"{w!r} in {command!r} is ambiguous among {name}'s keywords "
+                    f"({', '.join(cands)}): spell keywords in full"
+                )
         for v in _numbers(w):
             if not math.isfinite(v) or abs(v) > limit:
-                what = "frames to wait" if name == "wait" else "a number in a command that animates" \
-                    if animated else "a number"
+                what = (
+                    "frames to wait"
+                    if name == "wait"
+                    else "a number in a command that animates"
+                    if animated
+                    else "a number"
+                )
                 raise ValueError(f"{w!r} in {command!r}: {what} must be finite and at most {limit:g}")
     return name
 

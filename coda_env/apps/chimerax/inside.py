@@ -13,6 +13,7 @@ call that asked for it returns: REST wraps its commands in a log of its own that
 from every other log, which the command line does not. The next REST call is queued behind it on the
 main thread, so it sees the result.
 """
+
 import json
 import sys
 
@@ -31,6 +32,7 @@ def _floats(seq, nd=4):
 
 def init(session):
     import os
+
     # ChimeraX started as root replaces HOME (/do/not/run/as/root) to keep its caches out of root's home;
     # its folders come from XDG_* (set to the app's home), and `~` in a typed path should be that home too.
     if os.environ.get("CODA_HOME"):
@@ -41,8 +43,12 @@ def init(session):
 
     class Recorder(PlainTextLog):
         excludes_other_logs = False
-        levels = {PlainTextLog.LEVEL_INFO: "info", PlainTextLog.LEVEL_WARNING: "warning",
-                  PlainTextLog.LEVEL_ERROR: "error", PlainTextLog.LEVEL_BUG: "bug"}
+        levels = {
+            PlainTextLog.LEVEL_INFO: "info",
+            PlainTextLog.LEVEL_WARNING: "warning",
+            PlainTextLog.LEVEL_ERROR: "error",
+            PlainTextLog.LEVEL_BUG: "bug",
+        }
 
         def __init__(self):
             super().__init__()
@@ -60,6 +66,7 @@ def init(session):
     def on_command(trigger, text):
         if text and " ".join(text.split()).lower() == "log clear":
             rec.entries.clear()
+
     session.triggers.add_handler("command finished", on_command)
 
     from chimerax.core.commands import CmdDesc, RestOfLine, register, run
@@ -67,21 +74,29 @@ def init(session):
     def codatype(session, text):
         def later():
             from chimerax.core.errors import NotABug
+
             try:
                 run(session, text, log=True)
             except NotABug as e:
                 session.logger.error(str(e))
             except Exception as e:  # what the command line shows for a failing command
                 session.logger.error(f"{type(e).__name__}: {e}")
+
         session.ui.thread_safe(later)
-    register("codatype", CmdDesc(required=[("text", RestOfLine)],
-                                 synopsis="run a command as if typed in the command line (coda)"),
-             codatype, logger=session.logger)
+
+    register(
+        "codatype",
+        CmdDesc(required=[("text", RestOfLine)], synopsis="run a command as if typed in the command line (coda)"),
+        codatype,
+        logger=session.logger,
+    )
 
     def codadump(session):
         session.logger.info(STATE_MARK + json.dumps(state(session)))
-    register("codadump", CmdDesc(synopsis="the session's state as JSON in the log (coda)"), codadump,
-             logger=session.logger)
+
+    register(
+        "codadump", CmdDesc(synopsis="the session's state as JSON in the log (coda)"), codadump, logger=session.logger
+    )
 
 
 def _structure(m, out_atoms, out_residues, budget):
@@ -90,9 +105,15 @@ def _structure(m, out_atoms, out_residues, budget):
     mid = "#" + m.id_string
     chains = []
     for c in m.chains:
-        chains.append({"id": c.chain_id, "spec": f"{mid}/{c.chain_id}", "sequence": c.characters,
-                       "polymer": {0: "none", 1: "protein", 2: "nucleic"}.get(int(c.polymer_type), "none"),
-                       "residues": int(c.num_existing_residues)})
+        chains.append(
+            {
+                "id": c.chain_id,
+                "spec": f"{mid}/{c.chain_id}",
+                "sequence": c.characters,
+                "polymer": {0: "none", 1: "protein", 2: "nucleic"}.get(int(c.polymer_type), "none"),
+                "residues": int(c.num_existing_residues),
+            }
+        )
     label_text = {}
     for child in m.child_models():
         if type(child).__name__ == "ObjectLabels":
@@ -104,30 +125,51 @@ def _structure(m, out_atoms, out_residues, budget):
         shown = bool(r.ribbon_display)
         ribbons += shown
         ra = r.atoms
-        out_residues[spec] = {"name": r.name, "chain": r.chain_id, "number": int(r.number),
-                              "ribbon": shown, "ribbon_color": _hex(r.ribbon_color),
-                              "selected": bool(ra.selecteds.any()) if len(ra) else False,
-                              "atoms_shown": int(ra.displays.sum()) if len(ra) else 0,
-                              "label": label_text.get(id(r))}
+        out_residues[spec] = {
+            "name": r.name,
+            "chain": r.chain_id,
+            "number": int(r.number),
+            "ribbon": shown,
+            "ribbon_color": _hex(r.ribbon_color),
+            "selected": bool(ra.selecteds.any()) if len(ra) else False,
+            "atoms_shown": int(ra.displays.sum()) if len(ra) else 0,
+            "label": label_text.get(id(r)),
+        }
     if len(atoms) <= budget:
         for a in atoms:
             r = a.residue
             spec = f"{mid}/{r.chain_id}:{r.number}{r.insertion_code}@{a.name}"
-            out_atoms[spec] = {"element": a.element.name, "color": _hex(a.color), "shown": bool(a.display),
-                               "visible": bool(a.visible), "style": STYLES.get(int(a.draw_mode), "?"),
-                               "selected": bool(a.selected), "coord": _floats(a.scene_coord, 3),
-                               "radius": round(float(a.radius), 4),
-                               "label": label_text.get(id(a))}
-    nuc = {"drawing": hasattr(m, "_nucleotides_drawing"),
-           "residues": len(getattr(m, "_nucleotide_info", {}) or {}),
-           "ladder_stubs_only": getattr(getattr(m, "_ladder_params", None), "stubs_only", None)}
+            out_atoms[spec] = {
+                "element": a.element.name,
+                "color": _hex(a.color),
+                "shown": bool(a.display),
+                "visible": bool(a.visible),
+                "style": STYLES.get(int(a.draw_mode), "?"),
+                "selected": bool(a.selected),
+                "coord": _floats(a.scene_coord, 3),
+                "radius": round(float(a.radius), 4),
+                "label": label_text.get(id(a)),
+            }
+    nuc = {
+        "drawing": hasattr(m, "_nucleotides_drawing"),
+        "residues": len(getattr(m, "_nucleotide_info", {}) or {}),
+        "ladder_stubs_only": getattr(getattr(m, "_ladder_params", None), "stubs_only", None),
+    }
     styles = {}
     for mode in atoms.draw_modes:
         name = STYLES.get(int(mode), "?")
         styles[name] = styles.get(name, 0) + 1
-    return {"chains": chains, "atoms": len(atoms), "residues": len(res), "bonds": int(m.num_bonds),
-            "atoms_shown": int(atoms.displays.sum()) if len(atoms) else 0, "styles": styles,
-            "ribbons_shown": ribbons, "atoms_listed": len(atoms) <= budget, "nucleotides": nuc}
+    return {
+        "chains": chains,
+        "atoms": len(atoms),
+        "residues": len(res),
+        "bonds": int(m.num_bonds),
+        "atoms_shown": int(atoms.displays.sum()) if len(atoms) else 0,
+        "styles": styles,
+        "ribbons_shown": ribbons,
+        "atoms_listed": len(atoms) <= budget,
+        "nucleotides": nuc,
+    }
 
 
 def dump(session, out):
@@ -135,6 +177,7 @@ def dump(session, out):
     with open(out + ".tmp", "w") as f:
         json.dump(state(session), f)
     import os
+
     os.replace(out + ".tmp", out)
 
 
@@ -143,11 +186,17 @@ def state(session):
     models, atoms, residues, labels2d, pbgroups, surfaces = [], {}, {}, [], [], []
     budget = MAX_ATOMS
     from chimerax.atomic import PseudobondGroup, Structure
+
     for m in session.models.list():
         mid = "#" + m.id_string
-        entry = {"id": mid, "name": m.name, "type": type(m).__name__, "shown": bool(m.display),
-                 "visible": bool(m.visible), "parent": ("#" + m.parent.id_string) if m.parent is not None
-                 and m.parent.id else None}
+        entry = {
+            "id": mid,
+            "name": m.name,
+            "type": type(m).__name__,
+            "shown": bool(m.display),
+            "visible": bool(m.visible),
+            "parent": ("#" + m.parent.id_string) if m.parent is not None and m.parent.id else None,
+        }
         inv_cam = view.camera.position.inverse()
         entry["position"] = [_floats(row) for row in m.position.matrix]
         entry["view_rotation"] = [_floats(row[:3]) for row in (inv_cam * m.position).matrix]
@@ -157,13 +206,19 @@ def state(session):
             entry.update(_structure(m, atoms, residues, budget))
             budget -= entry["atoms"]
             if hasattr(m, "create_marker") or type(m).__name__ == "CentroidModel":  # markers, centroids
-                entry["markers"] = [{"coord": _floats(a.scene_coord), "radius": round(float(a.radius), 4)}
-                                    for a in m.atoms[:100]]
+                entry["markers"] = [
+                    {"coord": _floats(a.scene_coord), "radius": round(float(a.radius), 4)} for a in m.atoms[:100]
+                ]
         elif isinstance(m, PseudobondGroup):
             pbs = m.pseudobonds
-            info = {"id": mid, "name": m.name, "count": len(pbs), "shown": bool(m.display),
-                    "color": _hex(m.color),
-                    "lengths": _floats(pbs.lengths, 3)[:200] if len(pbs) else []}
+            info = {
+                "id": mid,
+                "name": m.name,
+                "count": len(pbs),
+                "shown": bool(m.display),
+                "color": _hex(m.color),
+                "lengths": _floats(pbs.lengths, 3)[:200] if len(pbs) else [],
+            }
             info["pb_colors"] = sorted({_hex(c) for c in pbs.colors}) if len(pbs) else []
             entry.update(pseudobonds=len(pbs), pb_colors=info["pb_colors"], pb_color=info["color"])
             pbgroups.append(info)
@@ -173,20 +228,36 @@ def state(session):
             import hashlib
 
             import numpy
-            digest = None if vc is None else hashlib.sha256(numpy.ascontiguousarray(vc, dtype=numpy.uint8).tobytes()).hexdigest()
-            surf = {"id": mid, "name": m.name, "shown": bool(m.display), "color": _hex(m.color),
-                    "vertex_colored": vc is not None, "vertex_colors_sha256": digest,
-                    "transparent": bool(m.color[3] < 255 or (vc is not None and (vc[:, 3] < 255).any()))}
+
+            digest = (
+                None
+                if vc is None
+                else hashlib.sha256(numpy.ascontiguousarray(vc, dtype=numpy.uint8).tobytes()).hexdigest()
+            )
+            surf = {
+                "id": mid,
+                "name": m.name,
+                "shown": bool(m.display),
+                "color": _hex(m.color),
+                "vertex_colored": vc is not None,
+                "vertex_colors_sha256": digest,
+                "transparent": bool(m.color[3] < 255 or (vc is not None and (vc[:, 3] < 255).any())),
+            }
             surfaces.append(surf)
             entry.update(surface=surf)
         if cls == "LabelModel":
             lab = getattr(m, "label", None)
-            info2d = {"id": mid, "name": m.name, "text": getattr(lab, "text", None),
-                      "scalebar_width": getattr(lab, "scalebar_width", None),
-                      "scalebar_height": getattr(lab, "scalebar_height", None)}
+            info2d = {
+                "id": mid,
+                "name": m.name,
+                "text": getattr(lab, "text", None),
+                "scalebar_width": getattr(lab, "scalebar_width", None),
+                "scalebar_height": getattr(lab, "scalebar_height", None),
+            }
             labels2d.append(info2d)
-            entry.update(label2d=info2d, scalebar_width=info2d["scalebar_width"],
-                         scalebar_height=info2d["scalebar_height"])
+            entry.update(
+                label2d=info2d, scalebar_width=info2d["scalebar_width"], scalebar_height=info2d["scalebar_height"]
+            )
         if cls == "ColorKeyModel":
             entry.update(border=bool(getattr(m, "_border", False)), ticks=bool(getattr(m, "_ticks", False)))
         models.append(entry)
@@ -196,12 +267,14 @@ def state(session):
     light = view.lighting
     rec = getattr(session, "_coda_log", None)
     from chimerax.core.logger import html_to_plain
+
     log = []
     if rec is not None:
         for level, msg in rec.entries:
             text = html_to_plain(msg) if "<" in msg and ">" in msg else msg
             log.append({"level": level, "text": text.rstrip("\n")})
     from chimerax.atomic import selected_atoms
+
     by_name = {}
     for e_ in models:
         by_name.setdefault(e_["name"], e_)
@@ -211,24 +284,37 @@ def state(session):
         "models_by_id": {e_["id"]: e_ for e_ in models},
         "atoms": atoms,
         "residues": residues,
-        "selection": {"atoms": int(len(selected_atoms(session))), "atom_specs": sel_atoms[:2000],
-                      "residues": sel_res[:2000]},
+        "selection": {
+            "atoms": int(len(selected_atoms(session))),
+            "atom_specs": sel_atoms[:2000],
+            "residues": sel_res[:2000],
+        },
         "pseudobond_groups": pbgroups,
         "surfaces": surfaces,
         "labels_2d": labels2d,
-        "background": {"color": _hex([round(c * 255) for c in view.background_color]),
-                       "rgba": _floats(view.background_color)},
-        "camera": {"position": [_floats(row) for row in cam.position.matrix],
-                   "view_direction": _floats(cam.view_direction()), "field_of_view": round(float(cam.field_of_view), 4)},
-        "lighting": {"key_intensity": round(float(light.key_light_intensity), 4),
-                     "fill_intensity": round(float(light.fill_light_intensity), 4),
-                     "ambient_intensity": round(float(light.ambient_light_intensity), 4),
-                     "shadows": bool(light.shadows), "multishadow": int(light.multishadow),
-                     "depth_cue": bool(light.depth_cue),
-                     "multishadow_depth_bias": round(float(light.multishadow_depth_bias), 4)},
-        "silhouettes": {"enabled": bool(view.silhouette.enabled),
-                        "thickness": round(float(view.silhouette.thickness), 4),
-                        "depth_jump": round(float(view.silhouette.depth_jump), 4)},
+        "background": {
+            "color": _hex([round(c * 255) for c in view.background_color]),
+            "rgba": _floats(view.background_color),
+        },
+        "camera": {
+            "position": [_floats(row) for row in cam.position.matrix],
+            "view_direction": _floats(cam.view_direction()),
+            "field_of_view": round(float(cam.field_of_view), 4),
+        },
+        "lighting": {
+            "key_intensity": round(float(light.key_light_intensity), 4),
+            "fill_intensity": round(float(light.fill_light_intensity), 4),
+            "ambient_intensity": round(float(light.ambient_light_intensity), 4),
+            "shadows": bool(light.shadows),
+            "multishadow": int(light.multishadow),
+            "depth_cue": bool(light.depth_cue),
+            "multishadow_depth_bias": round(float(light.multishadow_depth_bias), 4),
+        },
+        "silhouettes": {
+            "enabled": bool(view.silhouette.enabled),
+            "thickness": round(float(view.silhouette.thickness), 4),
+            "depth_jump": round(float(view.silhouette.depth_jump), 4),
+        },
         "log": log,
         "log_text": "\n".join(e["text"] for e in log),
     }

@@ -13,6 +13,7 @@ Setup: ScienceBoard's profile clean-up and launch are what every reset does anyw
 `download` of a PDB file become `chimerax_user_structure` (the structure the user supplies in
 $CODA_PDB_DIR: coda never fetches) plus `chimerax_open`; `turn`, `clear_log`, `color` map one to one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,20 +84,26 @@ def _by_key(item: dict, where: str) -> list[dict]:
     key = item["key"]
     m = KEY_STARTS.match(key)
     if m:
-        rest = m.group(1)[len(PREFIX):] if m.group(1).startswith(PREFIX) else None
+        rest = m.group(1)[len(PREFIX) :] if m.group(1).startswith(PREFIX) else None
         if rest is not None and rest.startswith(NUCLEOTIDE_STYLING) and item.get("value") is None:
             return [{"type": "states", "path": "models_by_id.#1.nucleotides.drawing", "value": False}]
         raise TaskError(f"{where}: key {key!r} has no coda mapping")
     if key.startswith(VIEW):
-        rest = key[len(VIEW):]
+        rest = key[len(VIEW) :]
         if rest == "_render.current_model_view_matrix._m44":
             # ScienceBoard's regex asks for an identity rotation (the standard orientation)
-            return [{"type": "states", "path": "models_by_id.#1.view_rotation",
-                     "value": [[1, 0, 0], [0, 1, 0], [0, 0, 1]], "tol": 1e-4}]
+            return [
+                {
+                    "type": "states",
+                    "path": "models_by_id.#1.view_rotation",
+                    "value": [[1, 0, 0], [0, 1, 0], [0, 0, 1]],
+                    "tol": 1e-4,
+                }
+            ]
         if rest in VIEW_KEYS:
             return [_states_check(VIEW_KEYS[rest], item)]
-    elif key.startswith(PREFIX) and key[len(PREFIX):] in MODEL_KEYS:
-        return [_states_check(MODEL_KEYS[key[len(PREFIX):]], item)]
+    elif key.startswith(PREFIX) and key[len(PREFIX) :] in MODEL_KEYS:
+        return [_states_check(MODEL_KEYS[key[len(PREFIX) :]], item)]
     raise TaskError(f"{where}: ScienceBoard state key {key!r} has no coda mapping")
 
 
@@ -130,12 +137,16 @@ def _by_find(item: dict, where: str) -> list[dict]:
     if attrs == ["_pbond_drawing", "_colors"]:
         rows = _numbers(value)
         colours = sorted({"#%02x%02x%02x" % tuple(int(x) for x in r[:3]) for r in rows})
-        return [{"type": "states", "path": f"{base}.pseudobonds", "value": len(rows)},
-                {"type": "states", "path": f"{base}.pb_colors", "value": colours}]
+        return [
+            {"type": "states", "path": f"{base}.pseudobonds", "value": len(rows)},
+            {"type": "states", "path": f"{base}.pb_colors", "value": colours},
+        ]
     if attrs == ["_atoms_drawing", "_positions", "_shift_and_scale"]:
-        (x, y, z, r), = _numbers(value)
-        return [{"type": "states", "path": f"{base}.markers.0.coord", "value": [x, y, z], "tol": 1e-3},
-                {"type": "states", "path": f"{base}.markers.0.radius", "value": r, "tol": 1e-3}]
+        ((x, y, z, r),) = _numbers(value)
+        return [
+            {"type": "states", "path": f"{base}.markers.0.coord", "value": [x, y, z], "tol": 1e-3},
+            {"type": "states", "path": f"{base}.markers.0.radius", "value": r, "tol": 1e-3},
+        ]
     if attrs in (["_border"], ["_ticks"]):
         return [{"type": "states", "path": f"{base}.{attrs[0][1:]}", "value": value}]
     if attrs in (["scalebar_width"], ["scalebar_height"]):
@@ -161,7 +172,7 @@ def _checks(sb: dict, where: str) -> list[dict]:
                 a = str(item["args"][0])
                 if re.fullmatch(r"-?\d+(\.\d+)?", a):
                     decimals = len(a.split(".")[1]) if "." in a else 0
-                    out.append({"type": "answer", "number": float(a), "tol": 0.5 * 10 ** -decimals})
+                    out.append({"type": "answer", "number": float(a), "tol": 0.5 * 10**-decimals})
                 else:
                     out.append({"type": "answer", "value": a})
             else:
@@ -208,8 +219,9 @@ def _setup(sb: dict, where: str) -> tuple[list[dict], list[str]]:
             if not m or not path.startswith("/home/user/"):
                 raise TaskError(f"{at}: download {op.get('url')!r} -> {path!r} (only RCSB mmCIF files into the home)")
             # downloaded, not opened: the task is to open it
-            ops.append({"func": "chimerax_user_structure", "entry": m.group(1).lower(),
-                        "path": path[len("/home/user/"):]})
+            ops.append(
+                {"func": "chimerax_user_structure", "entry": m.group(1).lower(), "path": path[len("/home/user/") :]}
+            )
             needs.append(m.group(1).lower())
         elif f == "turn":
             ops.append({"func": "chimerax_turn", "axis": op.get("axis"), "angle": op.get("angle")})
@@ -228,6 +240,7 @@ def convert(sb: dict, path: str) -> dict:
 
     from ...scienceboard import base_task
     from .setup import source_url
+
     stem = Path(path).stem
     if stem in NEEDS_NETWORK:
         raise TaskError(f"{path}: refused: {NEEDS_NETWORK[stem]}")
@@ -242,6 +255,7 @@ def convert(sb: dict, path: str) -> dict:
     if not task["evaluate"]:
         raise TaskError(f"{path}: no checks")
     if needs:
-        task["requires"] = ("structures in $CODA_PDB_DIR (coda never fetches): "
-                            + ", ".join(f"{e}.cif ({source_url(e)})" for e in dict.fromkeys(needs)))
+        task["requires"] = "structures in $CODA_PDB_DIR (coda never fetches): " + ", ".join(
+            f"{e}.cif ({source_url(e)})" for e in dict.fromkeys(needs)
+        )
     return task

@@ -6,6 +6,7 @@ and checked against a whitelist of ChimeraX commands that change the view or the
 confined to the app's home. Structures come from this package's data/ folder or from files a "files" op wrote into
 home; nothing is fetched.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,16 +25,22 @@ from . import commands
 from .adapter import DATA, quote
 
 # Commands a task file may run (with their subcommands): they change what is shown, never files or code.
-COMMAND_VERBS = frozenset("""
+COMMAND_VERBS = frozenset(
+    """
 color rainbow style show hide cartoon ~cartoon surface ~surface select ~select label ~label turn roll move
 view zoom lighting graphics set distance ~distance angle measure hbonds ~hbonds nucleotides ~nucleotides
 transparency size clip ~clip camera delete close name cofr ~cofr ribbon ~ribbon material 2dlabels key
 coulombic mlp contacts ~contacts clashes ~clashes addh swapaa align info wait windowsize rename split combine
 ~show ~display display
-""".split())
+""".split()
+)
 # Subcommands of those that read or write files or reach out (refused with their own subcommands).
-FORBIDDEN_SUBCOMMANDS = {"color image": "reads an image file", "distance save": "writes a file",
-                         "info notify": "sends the session's changes to a URL", "info path": "lists the host's folders"}
+FORBIDDEN_SUBCOMMANDS = {
+    "color image": "reads an image file",
+    "distance save": "writes a file",
+    "info notify": "sends the session's changes to a URL",
+    "info path": "lists the host's folders",
+}
 POLICY = commands.Policy(commands=COMMAND_VERBS, subtrees=COMMAND_VERBS, forbidden=FORBIDDEN_SUBCOMMANDS)
 SAVE_SUFFIXES = (".pdb", ".cif", ".cxs", ".png", ".jpg", ".jpeg", ".tif", ".defattr")
 OPEN_SUFFIXES = (".pdb", ".cif", ".ent", ".cxs", ".mol2", ".sdf")
@@ -51,15 +58,17 @@ def check_command(text: object) -> str:
 
 
 def _rel(op: dict, name: str = "path") -> None:
-    relative_path(op.get(name), repr(name), SetupError)      # relative to the home, no '..', not absolute
+    relative_path(op.get(name), repr(name), SetupError)  # relative to the home, no '..', not absolute
     confined("/nonexistent-home", op.get(name), repr(name))
 
 
 # ------------------------------------------------------------------ chimerax_open
 def _open_validate(op: dict) -> None:
     if ("data" in op) == ("path" in op):
-        raise SetupError("chimerax_open needs exactly one of 'data' (a structure this package ships) or "
-                         "'path' (a file in the app's home)")
+        raise SetupError(
+            "chimerax_open needs exactly one of 'data' (a structure this package ships) or "
+            "'path' (a file in the app's home)"
+        )
     if "data" in op:
         name = op["data"]
         if not isinstance(name, str) or "/" in name or name.startswith(".") or not (DATA / name).is_file():
@@ -105,9 +114,11 @@ def _user(ctx: SetupContext, op: dict) -> None:
     folder = user_structure_dir()
     src = Path(folder, op["entry"] + ".cif") if folder else None
     if src is None or not src.is_file():
-        raise SetupError(f"this task needs the structure {op['entry']}.cif in $CODA_PDB_DIR "
-                         f"({'unset' if not folder else folder}); coda never fetches: download it once "
-                         f"({source_url(op['entry'])}) and set CODA_PDB_DIR")
+        raise SetupError(
+            f"this task needs the structure {op['entry']}.cif in $CODA_PDB_DIR "
+            f"({'unset' if not folder else folder}); coda never fetches: download it once "
+            f"({source_url(op['entry'])}) and set CODA_PDB_DIR"
+        )
     ctx.write_file(op["path"], src.read_bytes())
 
 
@@ -161,8 +172,7 @@ def _none(op: dict) -> None:
 
 SETUP_OPS = [
     SetupOp("chimerax_open", _open, _open_validate, optional={"data", "path", "as", "name"}),
-    SetupOp("chimerax_user_structure", _user, _user_validate, required={"entry", "path"},
-            phase="files"),
+    SetupOp("chimerax_user_structure", _user, _user_validate, required={"entry", "path"}, phase="files"),
     SetupOp("chimerax_command", _command, _command_validate, required={"command"}),
     SetupOp("chimerax_turn", _turn, _turn_validate, required={"axis", "angle"}),
     SetupOp("chimerax_clear_log", _clear_log, _none),

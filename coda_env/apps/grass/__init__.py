@@ -5,6 +5,7 @@ built once by GRASS from `_build_db.py`) and reads the GUI's own state from a st
 process (`guistate.py`); the `info` and `db` check types are in `checks.py`, the `location` and `layer`
 setup operations in `adapter.py`, ScienceBoard's GRASS tasks translate in `scienceboard.py`.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,11 +28,20 @@ def available() -> str | None:
     return None
 
 
-SPEC = register_app(AppSpec(
-    name="grass", env_id="coda/GRASS-v0", adapter=Grass, checks=CHECKS, setup_ops=SETUP_OPS,
-    task_dir=Path(__file__).parent / "tasks", available=available, scienceboard=scienceboard,
-    scienceboard_names=("GrassGIS",),
-    scienceboard_options={"grassdata": "a GRASS database (folder) holding ScienceBoard's two locations"},
-    description="GRASS GIS 8.2 with its wxGUI: layers, regions, map calculator, attribute queries",
-    # the GUI takes 3-4 s to start on an idle 2-core machine and far longer on a loaded one
-    env_kwargs={"ready_timeout": 90.0}))
+SPEC = register_app(
+    AppSpec(
+        name="grass",
+        env_id="coda/GRASS-v0",
+        adapter=Grass,
+        checks=CHECKS,
+        setup_ops=SETUP_OPS,
+        task_dir=Path(__file__).parent / "tasks",
+        available=available,
+        scienceboard=scienceboard,
+        scienceboard_names=("GrassGIS",),
+        scienceboard_options={"grassdata": "a GRASS database (folder) holding ScienceBoard's two locations"},
+        description="GRASS GIS 8.2 with its wxGUI: layers, regions, map calculator, attribute queries",
+        # the GUI takes 3-4 s to start on an idle 2-core machine and far longer on a loaded one
+        env_kwargs={"ready_timeout": 90.0},
+    )
+)

@@ -7,6 +7,7 @@ Rasters: `elevation` (DCELL, metres), `landuse` (CELL 1..3 with labels).
 Vectors (attribute tables in SQLite): `towns` (12 points), `rivers` (3 lines), `parks` (3 areas).
 Saved region: `study_area` (the middle 20 x 20 km). The current region is the full extent.
 """
+
 import grass.script as gs
 
 N, S, W, E, RES = 5040000, 5000000, 400000, 440000, 100
@@ -62,33 +63,46 @@ def vector_ascii_areas() -> str:
 
 def main() -> None:
     gs.run_command("g.region", n=N, s=S, w=W, e=E, res=RES, flags="s", quiet=True)  # -s: also the default
-    gs.mapcalc("elevation = 300.0 + 0.01 * (x() - 400000) + 200.0 * sin((x() - 400000) / 100.0) "
-               "* cos((y() - 5000000) / 80.0)", quiet=True)
+    gs.mapcalc(
+        "elevation = 300.0 + 0.01 * (x() - 400000) + 200.0 * sin((x() - 400000) / 100.0) * cos((y() - 5000000) / 80.0)",
+        quiet=True,
+    )
     gs.run_command("r.colors", map="elevation", color="elevation", quiet=True)
     gs.mapcalc("landuse = if(elevation < 400, 1, if(elevation < 600, 2, 3))", quiet=True)
-    gs.write_command("r.category", map="landuse", rules="-", separator=":",
-                     stdin="1:farmland\n2:forest\n3:alpine\n", quiet=True)
-    gs.write_command("r.colors", map="landuse", rules="-",
-                     stdin="1 255:220:120\n2 40:140:40\n3 230:230:230\n", quiet=True)
+    gs.write_command(
+        "r.category", map="landuse", rules="-", separator=":", stdin="1:farmland\n2:forest\n3:alpine\n", quiet=True
+    )
+    gs.write_command(
+        "r.colors", map="landuse", rules="-", stdin="1 255:220:120\n2 40:140:40\n3 230:230:230\n", quiet=True
+    )
 
     rows = "\n".join(f"{x}|{y}|{name}|{pop}|{kind}" for x, y, name, pop, kind in TOWNS) + "\n"
-    gs.write_command("v.in.ascii", input="-", output="towns", separator="pipe", x=1, y=2, stdin=rows,
-                     columns="x double precision, y double precision, name varchar(20), "
-                             "population integer, kind varchar(10)", quiet=True)
+    gs.write_command(
+        "v.in.ascii",
+        input="-",
+        output="towns",
+        separator="pipe",
+        x=1,
+        y=2,
+        stdin=rows,
+        columns="x double precision, y double precision, name varchar(20), population integer, kind varchar(10)",
+        quiet=True,
+    )
 
-    gs.write_command("v.in.ascii", input="-", output="rivers", format="standard", flags="n",
-                     stdin=vector_ascii_lines(), quiet=True)
+    gs.write_command(
+        "v.in.ascii", input="-", output="rivers", format="standard", flags="n", stdin=vector_ascii_lines(), quiet=True
+    )
     gs.run_command("v.db.addtable", map="rivers", columns="name varchar(20)", quiet=True)
     for cat, name, _ in RIVERS:
         gs.run_command("v.db.update", map="rivers", column="name", value=name, where=f"cat = {cat}", quiet=True)
 
-    gs.write_command("v.in.ascii", input="-", output="parks", format="standard", flags="n",
-                     stdin=vector_ascii_areas(), quiet=True)
+    gs.write_command(
+        "v.in.ascii", input="-", output="parks", format="standard", flags="n", stdin=vector_ascii_areas(), quiet=True
+    )
     gs.run_command("v.db.addtable", map="parks", columns="name varchar(30), protection integer", quiet=True)
     for cat, name, level, _ in PARKS:
         gs.run_command("v.db.update", map="parks", column="name", value=name, where=f"cat = {cat}", quiet=True)
-        gs.run_command("v.db.update", map="parks", column="protection", value=level, where=f"cat = {cat}",
-                       quiet=True)
+        gs.run_command("v.db.update", map="parks", column="protection", value=level, where=f"cat = {cat}", quiet=True)
 
     gs.run_command("g.region", n=5030000, s=5010000, w=410000, e=430000, res=RES, save="study_area", quiet=True)
     gs.run_command("g.region", flags="d", quiet=True)  # back to the full extent

@@ -19,6 +19,7 @@ AT-SPI sees only the menus and toolbars of wxGTK (the layer and data trees are c
 `a11y_text` joins those with the Layer Manager's layers as the GUI lays them out (names and boxes from the
 state server).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,11 +40,29 @@ from . import data
 
 SOCKET_ENV = "CODA_GRASS_STATE_SOCKET"
 A11Y_ROWS = 400
-_A11Y_SKIP = frozenset({"menu", "popup menu"})   # closed menus' items are not on screen
-_A11Y_ROLES = frozenset({"frame", "dialog", "menu", "menu item", "push button", "toggle button", "check box",
-                         "radio button", "combo box", "text", "page tab", "spin button", "slider", "label",
-                         "list item", "table cell", "tree item"})
-A11Y_APP_NAMES = ("wxgui.py", "GRASS GIS", "python3")     # how wxGTK may name the GUI on the bus
+_A11Y_SKIP = frozenset({"menu", "popup menu"})  # closed menus' items are not on screen
+_A11Y_ROLES = frozenset(
+    {
+        "frame",
+        "dialog",
+        "menu",
+        "menu item",
+        "push button",
+        "toggle button",
+        "check box",
+        "radio button",
+        "combo box",
+        "text",
+        "page tab",
+        "spin button",
+        "slider",
+        "label",
+        "list item",
+        "table cell",
+        "tree item",
+    }
+)
+A11Y_APP_NAMES = ("wxgui.py", "GRASS GIS", "python3")  # how wxGTK may name the GUI on the bus
 # wx.json, GRASS's own preferences: no locale dialog (no en_US locale here), no Python shell tab, no Tools
 # tab (the same modules are in the menus; the console is then shown from the start), and the
 # single-window layout (GRASS 8.4's default, which ScienceBoard's tasks were made on; 8.2 offers it as an
@@ -53,7 +72,7 @@ WX_SETTINGS = {
     "manager": {"hideTabs": {"pyshell": True, "search": True}},
     "general": {"singleWindow": {"enabled": True}},
 }
-QUICK_ANSWER, QUICK_ANSWERS = 0.2, 2       # ready: the GUI thread answered within 0.2 s twice running
+QUICK_ANSWER, QUICK_ANSWERS = 0.2, 2  # ready: the GUI thread answered within 0.2 s twice running
 USERCUSTOMIZE = "import coda_grass_state\ncoda_grass_state.install()\n"
 
 
@@ -61,8 +80,12 @@ def system_python_version() -> str:
     """'3.11' for /usr/bin/python3 (the user-site folder is named after it)."""
     global _PYVER
     if _PYVER is None:
-        r = subprocess.run([data.SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [data.SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         _PYVER = r.stdout.strip() or "3.11"
     return _PYVER
 
@@ -78,13 +101,13 @@ class Grass:
         self._proc: subprocess.Popen | None = None
         self._sock: str | None = None
         self._listener: socket.socket | None = None
-        self._conn: socket.socket | None = None     # the one connection from the GUI's state server
+        self._conn: socket.socket | None = None  # the one connection from the GUI's state server
         self._buf = b""
         self._serial = 0
         self.home: str | None = None
         # set by the `location` setup op (files phase) before launch; default: the coda database
-        self.location_source: tuple[str, str, str] | None = None   # (source GISDBASE, location, mapset)
-        self.extra_locations: list[tuple[str, str]] = []            # (source GISDBASE, location): copied too
+        self.location_source: tuple[str, str, str] | None = None  # (source GISDBASE, location, mapset)
+        self.extra_locations: list[tuple[str, str]] = []  # (source GISDBASE, location): copied too
         self.gisdbase: str | None = None
         self._quick, self._splash_closed = 0, False
         self.location = data.LOCATION
@@ -98,8 +121,7 @@ class Grass:
         if not os.access(data.SYSTEM_PYTHON, os.X_OK):
             raise AppError(f"{data.SYSTEM_PYTHON} is missing: GRASS's GUI needs Debian's python3 with wxPython")
         self.home = home
-        src_db, self.location, self.mapset = self.location_source or (str(data.database()), data.LOCATION,
-                                                                      data.MAPSET)
+        src_db, self.location, self.mapset = self.location_source or (str(data.database()), data.LOCATION, data.MAPSET)
         try:
             self.gisdbase = str(data.copy_location(src_db, self.location, home))
             for extra_db, extra in self.extra_locations:
@@ -114,23 +136,30 @@ class Grass:
         desktop.write_file(str(site / "usercustomize.py"), USERCUSTOMIZE.encode())
         desktop.write_file(str(Path(home, ".grass8", "wx.json")), json.dumps(WX_SETTINGS).encode())
         # no GTK transitions: a checkbox caught mid-animation made two identical resets' screens differ
-        desktop.write_file(str(Path(home, ".config", "gtk-3.0", "settings.ini")),
-                           b"[Settings]\ngtk-enable-animations=0\n")
+        desktop.write_file(
+            str(Path(home, ".config", "gtk-3.0", "settings.ini")), b"[Settings]\ngtk-enable-animations=0\n"
+        )
         self._disconnect()
         self._sock = os.path.join(home, f".coda-grass-{uuid.uuid4().hex[:12]}.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self._sock)
-        os.chmod(self._sock, 0o666)     # the app's (unprivileged) user connects to it
+        os.chmod(self._sock, 0o666)  # the app's (unprivileged) user connects to it
         self._listener.listen(1)
         self._listener.setblocking(False)
-        env = {**data.grass_env(home), SOCKET_ENV: self._sock, "XDG_CONFIG_HOME": str(Path(home, ".config")),
-               "XDG_CACHE_HOME": str(Path(home, ".cache")), "NO_AT_BRIDGE": "0"}
+        env = {
+            **data.grass_env(home),
+            SOCKET_ENV: self._sock,
+            "XDG_CONFIG_HOME": str(Path(home, ".config")),
+            "XDG_CACHE_HOME": str(Path(home, ".cache")),
+            "NO_AT_BRIDGE": "0",
+        }
         # GRASS's session folder (grass8-<user>-<pid>) in the home, which goes with the episode; the app is
         # sealed and can write nowhere else (the desktop's own folder is not even visible to it)
         os.makedirs(os.path.join(home, ".tmp"), exist_ok=True)
         env.update(data.grass_env(home, os.path.join(home, ".tmp")))
-        mapset = str(Path(self._stable_root(desktop, home), os.path.relpath(self.gisdbase, home), self.location,
-                          self.mapset))
+        mapset = str(
+            Path(self._stable_root(desktop, home), os.path.relpath(self.gisdbase, home), self.location, self.mapset)
+        )
         self._quick, self._splash_closed = 0, False
         self._proc = desktop.spawn(["grass", "--gui", mapset], env=env, cwd=home, log=str(Path(home, "grass.log")))
         return self._proc
@@ -317,8 +346,9 @@ class Grass:
         return []
 
 
-def run_query(desktop: Desktop, home: str | None, database: dict, module: str, args: list[str],
-              timeout: float = 60.0) -> str:
+def run_query(
+    desktop: Desktop, home: str | None, database: dict, module: str, args: list[str], timeout: float = 60.0
+) -> str:
     """Run one GRASS module on the episode's location in a throwaway mapset (`--tmp-mapset`, so the GUI's
     lock on its mapset stays); its stdout. `module`/`args` must already be whitelisted (checks.py): no
     shell, no output options.
@@ -333,8 +363,16 @@ def run_query(desktop: Desktop, home: str | None, database: dict, module: str, a
         qhome = str(Path(home or "/tmp", ".cache", "coda-grass-query"))
         os.makedirs(qhome, exist_ok=True)
     env = [f"{k}={v}" for k, v in data.grass_env(qhome, qhome).items()]
-    argv = ["env", *env, "grass", "--tmp-mapset", str(Path(database["gisdbase"], database["location"])),
-            "--exec", module, *args]
+    argv = [
+        "env",
+        *env,
+        "grass",
+        "--tmp-mapset",
+        str(Path(database["gisdbase"], database["location"])),
+        "--exec",
+        module,
+        *args,
+    ]
     try:
         r = desktop.run(argv, timeout=timeout, writable=[qhome, home] if desktop.tmpdir and home else None)
     except subprocess.TimeoutExpired:

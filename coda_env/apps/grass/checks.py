@@ -20,6 +20,7 @@ text), `all_in` (each listed item is contained), `one_of` (the value is one of a
   `text` (stripped), `lines`, `kv` (key=value lines; numbers become floats), `json`, `table` (a
   `|`-separated table with a header row: a list of row dicts), `columns` (`v.info -c`: [{name, sql_type}]).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,19 +63,24 @@ MODULES: dict[str, tuple[frozenset[str], str]] = {
     "db.describe": (frozenset({"table"}), "c"),
 }
 # Options refused by name whatever the module, with why: a `db` check reads the episode's own data only.
-REFUSED_OPTIONS = {"database": "names a database file, which the query would open or create (it reads the "
-                               "episode's own attribute database only)",
-                   "driver": "picks a database driver (the episode's own database only)"}
+REFUSED_OPTIONS = {
+    "database": "names a database file, which the query would open or create (it reads the "
+    "episode's own attribute database only)",
+    "driver": "picks a database driver (the episode's own database only)",
+}
 # Numeric options: (low, high, integer). nsteps: how many ranges a module splits a map into (time and memory).
 NUMBER_OPTIONS = {"nsteps": (1, 10_000, True), "percentile": (0, 100, False), "layer": (-1, 1_000_000, True)}
 # Options naming GRASS elements, files and mapsets: a plain name, no folders.
 NAME_OPTIONS = frozenset({"element", "file", "mapset", "region", "map", "input", "zones", "table", "layer"})
-_PLAIN_NAME = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.@,\-]{0,255}|\.|\*)$")     # also lists; mapset . or *
-_REQUIRED_FLAGS = {"v.to.db": "p"}       # v.to.db writes to the table unless it only prints (-p)
+_PLAIN_NAME = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_.@,\-]{0,255}|\.|\*)$")  # also lists; mapset . or *
+_REQUIRED_FLAGS = {"v.to.db": "p"}  # v.to.db writes to the table unless it only prints (-p)
 _VALUE = re.compile(r"^[A-Za-z0-9_.@:,+\-/ =<>'%*|]{0,300}$")
 _WHERE = re.compile(r"^[A-Za-z0-9_.@:,+\-/ =<>'%*()]{1,300}$")
-_FORBIDDEN_SQL = re.compile(r";|--|/\*|\b(insert|update|delete|drop|alter|create|attach|detach|pragma|replace|vacuum|"
-                            r"load_extension|readfile|writefile|fts3_tokenizer)\b", re.I)
+_FORBIDDEN_SQL = re.compile(
+    r";|--|/\*|\b(insert|update|delete|drop|alter|create|attach|detach|pragma|replace|vacuum|"
+    r"load_extension|readfile|writefile|fts3_tokenizer)\b",
+    re.I,
+)
 PARSERS = ("text", "lines", "kv", "json", "table", "columns")
 
 
@@ -105,8 +111,9 @@ def resolve(data: Any, path: Any) -> Any:
         if isinstance(p, dict):
             if not isinstance(cur, list):
                 return _MISSING
-            cur = next((x for x in cur if isinstance(x, dict) and all(_equal(x.get(k), v) for k, v in p.items())),
-                       _MISSING)
+            cur = next(
+                (x for x in cur if isinstance(x, dict) and all(_equal(x.get(k), v) for k, v in p.items())), _MISSING
+            )
         elif isinstance(p, int) and isinstance(cur, list):
             cur = cur[p] if -len(cur) <= p < len(cur) else _MISSING
         elif isinstance(cur, dict):
@@ -167,8 +174,7 @@ def _contains(got: Any, item: Any) -> bool:
 # ------------------------------------------------------------------------------------------ validation
 def _validate_test(c: dict) -> None:
     present = [t for t in TESTS if t in c]
-    ranged = set(present) <= {"gt", "ge", "lt", "le"} and len(present) == 2 and \
-        len({t[0] for t in present}) == 2
+    ranged = set(present) <= {"gt", "ge", "lt", "le"} and len(present) == 2 and len({t[0] for t in present}) == 2
     if len(present) != 1 and not ranged:
         raise CheckError(f"needs exactly one test of {', '.join(TESTS)} (or a gt/ge with an lt/le), got {present}")
     for t in ("gt", "ge", "lt", "le"):
@@ -207,12 +213,16 @@ def _test(c: dict, data: Any) -> tuple[bool, str]:
         return ok, f"{c['expr']!r} is {ok} for {where} = {shown}"
     if "value" in c:
         tol = float(c.get("tol", 1e-6))
-        return _equal(got, c["value"], tol), f"{where} = {shown}, want {c['value']!r}" + (f" ±{tol}" if "tol" in c else "")
+        return _equal(got, c["value"], tol), f"{where} = {shown}, want {c['value']!r}" + (
+            f" ±{tol}" if "tol" in c else ""
+        )
     if "contains" in c:
         return _contains(got, c["contains"]), f"{where} = {shown}, want it to contain {c['contains']!r}"
     if "all_in" in c:
         missing = [x for x in c["all_in"] if not _contains(got, x)]
-        return not missing, f"{where} = {shown}" + (f" lacks {missing!r}" if missing else f" has all of {c['all_in']!r}")
+        return not missing, f"{where} = {shown}" + (
+            f" lacks {missing!r}" if missing else f" has all of {c['all_in']!r}"
+        )
     if "one_of" in c:
         return any(_equal(got, x) for x in c["one_of"]), f"{where} = {shown}, want one of {c['one_of']!r}"
     g = _number(got)
@@ -262,8 +272,10 @@ def build_args(c: dict) -> list[str]:
         elif not _VALUE.match(v) or "\n" in v:
             raise CheckError(f"{module} option {k}={v!r} has characters that are not allowed")
         elif (k in NAME_OPTIONS and not _PLAIN_NAME.match(v)) or ".." in v or v.startswith(("/", "~")):
-            raise CheckError(f"{module} option {k}={v[:80]!r} must be a plain GRASS name (no '..', no folders, "
-                             f"not an absolute path): a check reads the episode's location only")
+            raise CheckError(
+                f"{module} option {k}={v[:80]!r} must be a plain GRASS name (no '..', no folders, "
+                f"not an absolute path): a check reads the episode's location only"
+            )
         out.append(f"{k}={v}")
     f = c.get("flags", "")
     if not isinstance(f, str) or any(ch not in flags for ch in f):
@@ -321,6 +333,7 @@ def _db_validate(c: dict) -> None:
 
 def _db_run(c: dict, ctx) -> tuple[bool, str]:
     from .adapter import run_query
+
     db = (ctx.state or {}).get("database") or {}
     if not db.get("gisdbase"):
         raise AppError("the db check needs the state of a launched GRASS (its 'database' entry)")

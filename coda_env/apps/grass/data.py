@@ -8,6 +8,7 @@ under a lock and through a rename, so concurrent envs build it once. A reset the
 ScienceBoard's tasks need locations from its VM image instead; `set_grassdata(DIR)` (or $CODA_GRASSDATA)
 names the user's GRASS database they are copied from (read only; never written).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -17,11 +18,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-DATA_VERSION = "1"          # bump when _build_db.py changes: a new cache folder is built
+DATA_VERSION = "1"  # bump when _build_db.py changes: a new cache folder is built
 LOCATION = "coda"
 MAPSET = "PERMANENT"
 EPSG = "EPSG:32632"
-SYSTEM_PYTHON = "/usr/bin/python3"   # Debian's Python: the one with wxPython (python3 on PATH may not be)
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's Python: the one with wxPython (python3 on PATH may not be)
 
 _grassdata: str | None = None
 
@@ -32,7 +33,8 @@ class DataError(RuntimeError):
 
 def cache_root() -> Path:
     base = os.environ.get("CODA_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "coda")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "coda"
+    )
     return Path(base) / "grass" / DATA_VERSION
 
 
@@ -68,14 +70,22 @@ def _build(root: Path, db: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
     try:
         env = {**os.environ, **grass_env(str(work))}
-        steps = [["grass", "-c", EPSG, "-e", str(work / "grassdata" / LOCATION)],
-                 ["grass", str(work / "grassdata" / LOCATION / MAPSET), "--exec", SYSTEM_PYTHON,
-                  str(Path(__file__).with_name("_build_db.py"))]]
+        steps = [
+            ["grass", "-c", EPSG, "-e", str(work / "grassdata" / LOCATION)],
+            [
+                "grass",
+                str(work / "grassdata" / LOCATION / MAPSET),
+                "--exec",
+                SYSTEM_PYTHON,
+                str(Path(__file__).with_name("_build_db.py")),
+            ],
+        ]
         for argv in steps:
             r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
             if r.returncode != 0:
-                raise DataError(f"building the GRASS database failed at {' '.join(argv[:3])}: "
-                                f"{(r.stderr or r.stdout)[-800:]}")
+                raise DataError(
+                    f"building the GRASS database failed at {' '.join(argv[:3])}: {(r.stderr or r.stdout)[-800:]}"
+                )
         for junk in (work / "grassdata" / LOCATION / MAPSET).glob(".gislock"):
             junk.unlink()
         if db.exists():

@@ -15,6 +15,7 @@ one JSON line with the same "id":
 Everything that touches wx runs on the GUI thread (wx.CallAfter); the socket thread only waits for it.
 Standard library and wx only: this file must import nothing from coda.
 """
+
 import json
 import os
 import re
@@ -29,7 +30,7 @@ MAX_OUTPUT = 20000
 def install():
     if not sys.argv or not sys.argv[0].endswith("wxgui.py"):
         return
-    path = os.environ.pop("CODA_GRASS_STATE_SOCKET", None)   # the GUI's children (its console) never see it
+    path = os.environ.pop("CODA_GRASS_STATE_SOCKET", None)  # the GUI's children (its console) never see it
     if not path:
         return
     _fast_find_library()
@@ -64,6 +65,7 @@ def _no_python_editor():
                 for cls in vars(module).values():
                     if isinstance(cls, type) and "OnSimpleEditor" in vars(cls):
                         cls.OnSimpleEditor = refuse
+
             spec.loader.exec_module = exec_module
             return spec
 
@@ -76,6 +78,7 @@ def _fast_find_library():
     Same answers, found directly: the soname when $LD_LIBRARY_PATH holds lib<name>.so, None for the
     other spellings of GRASS's names (what the slow path answers too); anything else goes to the original."""
     import ctypes.util
+
     original = ctypes.util.find_library
     dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
 
@@ -134,6 +137,7 @@ def _handle(req):
 def _on_gui(fn, timeout=8.0):
     """Run fn on the wx main thread and return its result (its exception re-raised here)."""
     import wx
+
     if wx.GetApp() is None:
         raise RuntimeError("the wx application is not running yet")
     done = threading.Event()
@@ -158,6 +162,7 @@ def _on_gui(fn, timeout=8.0):
 # --------------------------------------------------------------------------------------------- reading
 def _frames():
     import wx
+
     lmgr = next((w for w in wx.GetTopLevelWindows() if type(w).__name__ == "GMFrame"), None)
     return lmgr, (lmgr.GetMapDisplay() if lmgr is not None else None)
 
@@ -216,13 +221,22 @@ def _layers(tree):
         params, flags = _params(cmd)
         name = ml.GetName() if ml is not None and hasattr(ml, "GetName") else None
         opacity = ml.GetOpacity() if ml is not None and hasattr(ml, "GetOpacity") else None
-        out.append({
-            "index": index, "name": name, "type": info.get("type"), "label": tree.GetItemText(item),
-            "cmd": " ".join(cmd), "module": cmd[0] if cmd else None, "params": params, "flags": flags,
-            "checked": bool(tree.IsItemChecked(item)), "selected": id(item) in selected,
-            "opacity": round(float(opacity), 4) if opacity is not None else None,
-            "group": tree.GetItemParent(item) is not tree.root,
-        })
+        out.append(
+            {
+                "index": index,
+                "name": name,
+                "type": info.get("type"),
+                "label": tree.GetItemText(item),
+                "cmd": " ".join(cmd),
+                "module": cmd[0] if cmd else None,
+                "params": params,
+                "flags": flags,
+                "checked": bool(tree.IsItemChecked(item)),
+                "selected": id(item) in selected,
+                "opacity": round(float(opacity), 4) if opacity is not None else None,
+                "group": tree.GetItemParent(item) is not tree.root,
+            }
+        )
         index += 1
         item = tree.GetNextItem(item)
     return out
@@ -252,8 +266,13 @@ def _statusbar(disp):
     except Exception:
         scale = None
     text = disp.statusbar.GetStatusText(0) if getattr(disp, "statusbar", None) is not None else ""
-    return {"mode": mode, "mode_label": labels[mode] if 0 <= mode < len(labels) else None, "modes": labels,
-            "scale": scale, "text": text}
+    return {
+        "mode": mode,
+        "mode_label": labels[mode] if 0 <= mode < len(labels) else None,
+        "modes": labels,
+        "scale": scale,
+        "text": text,
+    }
 
 
 def _toolbars(disp):
@@ -275,18 +294,26 @@ def _toolbars(disp):
 
 def _windows():
     import wx
+
     out = []
     for w in wx.GetTopLevelWindows():
         if not w.IsShown():
             continue
         pos, size = w.GetPosition(), w.GetSize()
-        out.append({"title": w.GetTitle(), "class": type(w).__name__, "modal": bool(getattr(w, "IsModal", lambda: False)()),
-                    "box": [pos.x, pos.y, size.width, size.height]})
+        out.append(
+            {
+                "title": w.GetTitle(),
+                "class": type(w).__name__,
+                "modal": bool(getattr(w, "IsModal", lambda: False)()),
+                "box": [pos.x, pos.y, size.width, size.height],
+            }
+        )
     return out
 
 
 def _state():
     import wx
+
     lmgr, disp = _frames()
     tree = lmgr.GetLayerTree() if lmgr is not None else None
     layers = _layers(tree)
@@ -311,15 +338,28 @@ def _state():
     return {
         "layers": layers,
         # ScienceBoard's view of the same layers: each item's label and its d.* command's parameters
-        "windows": [{"name": l["name"], "_text": l["label"],
-                     "_data": [None, {"params": [{"name": k, "value": v} for k, v in l["params"].items()],
-                                      "flags": [{"name": f, "value": True} for f in l["flags"]]}]}
-                    for l in layers],
+        "windows": [
+            {
+                "name": l["name"],
+                "_text": l["label"],
+                "_data": [
+                    None,
+                    {
+                        "params": [{"name": k, "value": v} for k, v in l["params"].items()],
+                        "flags": [{"name": f, "value": True} for f in l["flags"]],
+                    },
+                ],
+            }
+            for l in layers
+        ],
         "region": _region(disp),
         "statusbar": _statusbar(disp),
         "toolbars": _toolbars(disp),
-        "display": {"title": wx.GetTopLevelParent(disp).GetTitle() if disp is not None else None, "count": len(displays),
-                    "render": bool(disp.mapWindowProperties.autoRender) if disp is not None else None},
+        "display": {
+            "title": wx.GetTopLevelParent(disp).GetTitle() if disp is not None else None,
+            "count": len(displays),
+            "render": bool(disp.mapWindowProperties.autoRender) if disp is not None else None,
+        },
         "dialogs": _windows(),
         "output": output,
         "console_input": prompt,
@@ -332,8 +372,11 @@ def _comp_region():
     """The mapset's computational region (g.region -g, read only), outside the GUI thread."""
     try:
         import grass.script as gs
-        return {k: float(v) if k not in ("projection", "zone") else v
-                for k, v in gs.parse_command("g.region", flags="g").items()}
+
+        return {
+            k: float(v) if k not in ("projection", "zone") else v
+            for k, v in gs.parse_command("g.region", flags="g").items()
+        }
     except Exception as e:
         return {"error": str(e)}
 
@@ -359,6 +402,7 @@ def _close_splash():
     """wxgui.py shows its splash for a fixed 3 s; once the windows are up it only hides them. Then every
     window is laid out and painted now (Update), so the first screenshot shows the finished GUI."""
     import wx
+
     n = 0
     for w in wx.GetTopLevelWindows():
         if type(w).__name__ == "SplashScreen":
@@ -373,6 +417,7 @@ def _close_splash():
 
 def _find(name, element):
     import grass.script as gs
+
     return gs.find_file(name, element=element)["fullname"] or None
 
 
@@ -401,11 +446,19 @@ def _add_layer(name, cmd):
         cmd = [kind, "map=" + name]
     if isinstance(cmd, list) and cmd and cmd[0] in ("d.rast", "d.vect"):
         # fully qualified, as the GUI's "Add map layer" dialog writes it
-        cmd = [a if not a.startswith("map=") or "@" in a else
-               "map=" + (_find(a[4:], "cell" if cmd[0] == "d.rast" else "vector") or a[4:]) for a in cmd]
-    if (not isinstance(cmd, list) or not cmd or cmd[0] not in ("d.rast", "d.vect")
-            or not all(isinstance(a, str) and _SAFE_ARG.match(a) for a in cmd[1:])
-            or not any(a.startswith("map=") for a in cmd[1:])):
+        cmd = [
+            a
+            if not a.startswith("map=") or "@" in a
+            else "map=" + (_find(a[4:], "cell" if cmd[0] == "d.rast" else "vector") or a[4:])
+            for a in cmd
+        ]
+    if (
+        not isinstance(cmd, list)
+        or not cmd
+        or cmd[0] not in ("d.rast", "d.vect")
+        or not all(isinstance(a, str) and _SAFE_ARG.match(a) for a in cmd[1:])
+        or not any(a.startswith("map=") for a in cmd[1:])
+    ):
         return {"ok": False, "error": f"not an allowed layer command: {cmd!r}"}
     lmgr, disp = _frames()
     tree = lmgr.GetLayerTree()

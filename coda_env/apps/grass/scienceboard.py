@@ -22,6 +22,7 @@ over a comprehension; comparisons, `abs(key - value) < tol`, `value in key`) are
 into a path and a test. Any other shape goes through `coda_env.checks.translate_lambda` (the key substituted
 into the predicate) into a restricted `expr`, or the task is refused. `stop` ANS/FAIL become `answer` checks.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,7 +36,7 @@ from ...tasks import TaskError
 from . import data
 
 NAMES = ("GrassGIS",)
-START_LOCATION = "world_latlong_wgs84"   # where ScienceBoard's launch command opens GRASS
+START_LOCATION = "world_latlong_wgs84"  # where ScienceBoard's launch command opens GRASS
 
 
 class _Refused(Exception):
@@ -84,14 +85,19 @@ def path_of(node: ast.AST, root: str) -> list:
         base = path_of(node.value, root)
         key = _const(node.slice)
         if isinstance(key, int) and key == 0 and base and isinstance(base[-1], dict):
-            return base                 # [matches][0]: the filter already picks the first match
+            return base  # [matches][0]: the filter already picks the first match
         if not isinstance(key, (str, int)) or isinstance(key, bool):
             raise _Refused(f"subscript {ast.unparse(node)[:60]!r} is not a key or an index")
         return base + [key]
     if isinstance(node, ast.ListComp) and len(node.generators) == 1:
         gen = node.generators[0]
-        if (isinstance(gen.target, ast.Name) and isinstance(node.elt, ast.Name) and node.elt.id == gen.target.id
-                and len(gen.ifs) == 1 and not gen.is_async):
+        if (
+            isinstance(gen.target, ast.Name)
+            and isinstance(node.elt, ast.Name)
+            and node.elt.id == gen.target.id
+            and len(gen.ifs) == 1
+            and not gen.is_async
+        ):
             return path_of(gen.iter, root) + [_filter(gen.ifs[0], gen.target.id)]
     raise _Refused(f"{ast.unparse(node)[:80]!r} is not a path")
 
@@ -110,47 +116,63 @@ _FLIP = {"gt": "lt", "lt": "gt", "ge": "le", "le": "ge", "value": "value"}
 
 def _tests(pred: ast.AST, kname: str, vname: str, base: list, value: Any) -> list[dict]:
     """The predicate as a list of (path, test) checks; _Refused when its shape is not one of these."""
+
     def kpath(n):
         sub = path_of(n, kname)
         if base and isinstance(base[-1], dict) and sub[:1] == [0]:
-            sub = sub[1:]               # key[0]: the filter at the end of the key's path picks the first match
+            sub = sub[1:]  # key[0]: the filter at the end of the key's path picks the first match
         return base + sub
 
     if isinstance(pred, ast.BoolOp) and isinstance(pred.op, ast.And):
         return [t for p in pred.values for t in _tests(p, kname, vname, base, value)]
     if isinstance(pred, ast.Compare) and len(pred.ops) == 1:
         op, left, right = type(pred.ops[0]), pred.left, pred.comparators[0]
-        if op is ast.In:                                     # value in key
+        if op is ast.In:  # value in key
             return [{"path": kpath(right), "contains": _value_of(left, vname, value)}]
         if op in _CMP:
-            if (isinstance(left, ast.Call) and isinstance(left.func, ast.Name) and left.func.id == "abs"
-                    and len(left.args) == 1 and isinstance(left.args[0], ast.BinOp)
-                    and isinstance(left.args[0].op, ast.Sub) and op in (ast.Lt, ast.LtE)):
-                d = left.args[0]                               # abs(key - value) < tol
-                return [{"path": kpath(d.left), "value": _value_of(d.right, vname, value),
-                         "tol": float(_const(right))}]
+            if (
+                isinstance(left, ast.Call)
+                and isinstance(left.func, ast.Name)
+                and left.func.id == "abs"
+                and len(left.args) == 1
+                and isinstance(left.args[0], ast.BinOp)
+                and isinstance(left.args[0].op, ast.Sub)
+                and op in (ast.Lt, ast.LtE)
+            ):
+                d = left.args[0]  # abs(key - value) < tol
+                return [{"path": kpath(d.left), "value": _value_of(d.right, vname, value), "tol": float(_const(right))}]
             try:
                 return [{"path": kpath(left), _CMP[op]: _value_of(right, vname, value)}]
             except _Refused:
                 return [{"path": kpath(right), _FLIP[_CMP[op]]: _value_of(left, vname, value)}]
-    if (isinstance(pred, ast.Call) and isinstance(pred.func, ast.Name) and pred.func.id in ("any", "all")
-            and len(pred.args) == 1 and isinstance(pred.args[0], ast.ListComp)):
+    if (
+        isinstance(pred, ast.Call)
+        and isinstance(pred.func, ast.Name)
+        and pred.func.id in ("any", "all")
+        and len(pred.args) == 1
+        and isinstance(pred.args[0], ast.ListComp)
+    ):
         comp = pred.args[0]
         gen = comp.generators[0]
         if len(comp.generators) != 1 or gen.ifs or not isinstance(gen.target, ast.Name):
             raise _Refused("only any/all over one plain comprehension")
         var, elt = gen.target.id, comp.elt
-        if isinstance(gen.iter, ast.Name) and gen.iter.id == vname:     # all([v in key... for v in value])
-            if (pred.func.id == "all" and isinstance(elt, ast.Compare) and isinstance(elt.ops[0], ast.In)
-                    and isinstance(elt.left, ast.Name) and elt.left.id == var):
+        if isinstance(gen.iter, ast.Name) and gen.iter.id == vname:  # all([v in key... for v in value])
+            if (
+                pred.func.id == "all"
+                and isinstance(elt, ast.Compare)
+                and isinstance(elt.ops[0], ast.In)
+                and isinstance(elt.left, ast.Name)
+                and elt.left.id == var
+            ):
                 return [{"path": kpath(elt.comparators[0]), "all_in": list(value)}]
             raise _Refused("unsupported comprehension over the value")
         target = kpath(gen.iter)
-        if pred.func.id == "any":                            # any([item['f'] == V ...]): such an item exists
+        if pred.func.id == "any":  # any([item['f'] == V ...]): such an item exists
             cond = {k: _value_of(n, vname, value) for k, n in _eq_fields(elt, var, ast.Eq).items()}
             return [{"path": target + [cond], "exists": True}]
         cond = {k: _value_of(n, vname, value) for k, n in _eq_fields(elt, var, ast.NotEq).items()}
-        if len(cond) == 1:                                   # all([item['f'] != V ...]): no such item
+        if len(cond) == 1:  # all([item['f'] != V ...]): no such item
             return [{"path": target + [cond], "exists": False}]
     raise _Refused(f"predicate shape {ast.unparse(pred)[:100]!r}")
 
@@ -159,9 +181,14 @@ def _eq_fields(elt: ast.AST, var: str, op: type) -> dict:
     parts = elt.values if isinstance(elt, ast.BoolOp) and isinstance(elt.op, ast.And) else [elt]
     out = {}
     for p in parts:
-        if not (isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], op)
-                and isinstance(p.left, ast.Subscript) and isinstance(p.left.value, ast.Name)
-                and p.left.value.id == var):
+        if not (
+            isinstance(p, ast.Compare)
+            and len(p.ops) == 1
+            and isinstance(p.ops[0], op)
+            and isinstance(p.left, ast.Subscript)
+            and isinstance(p.left.value, ast.Name)
+            and p.left.value.id == var
+        ):
             raise _Refused(f"{ast.unparse(elt)[:80]!r} is not item['field'] {'==' if op is ast.Eq else '!='} value")
         out[_const(p.left.slice)] = p.comparators[0]
     return out
@@ -205,6 +232,7 @@ def translate(check: dict, base: list | None = None) -> list[dict]:
 def _expr(key: ast.AST, root: str, pred: ast.AST | None, names, value: Any, equal: bool = False) -> dict:
     from ...predicate import translate_lambda
     from ...registry import CheckError
+
     if pred is None:
         body = ast.Compare(left=key, ops=[ast.Eq()], comparators=[ast.parse(repr(value), mode="eval").body])
     else:
@@ -236,8 +264,13 @@ def _db(c: dict) -> list[dict]:
             base["flags"] = flags
         tests = translate(c)
     else:
-        if not (isinstance(key, ast.Call) and isinstance(key.func, ast.Attribute) and key.func.attr == "strip"
-                and isinstance(key.func.value, ast.Name) and key.func.value.id == root):
+        if not (
+            isinstance(key, ast.Call)
+            and isinstance(key.func, ast.Attribute)
+            and key.func.attr == "strip"
+            and isinstance(key.func.value, ast.Name)
+            and key.func.value.id == root
+        ):
             raise _Refused(f"db key {c['key'][:60]!r} on plain-text output")
         base = {"module": module, "args": kwargs, "parse": "text"}
         if flags:
@@ -268,8 +301,11 @@ def _checks(sb: dict) -> list[dict]:
             out.append({"type": "answer", "value": "FAIL"})
         elif kind == "stop" and c.get("value") == "ANS" and c.get("args"):
             ans = str(c["args"][0])
-            out.append({"type": "answer", "number": float(ans), "tol": 0} if re.fullmatch(r"-?\d+(\.\d+)?", ans)
-                       else {"type": "answer", "value": ans})
+            out.append(
+                {"type": "answer", "number": float(ans), "tol": 0}
+                if re.fullmatch(r"-?\d+(\.\d+)?", ans)
+                else {"type": "answer", "value": ans}
+            )
         else:
             raise _Refused(f"check type {kind!r} ({json.dumps(c)[:80]})")
     if not out:
@@ -301,7 +337,7 @@ def _setup(sb: dict, grassdata: str | None) -> tuple[list[dict], list[str]]:
             ops.append({"func": "scale", "scale": op["scale"]})
         else:
             raise _Refused(f"setup operation {func!r} ({json.dumps(op)[:80]})")
-    if not mapped:   # GRASS stays where ScienceBoard's launch command opened it
+    if not mapped:  # GRASS stays where ScienceBoard's launch command opened it
         loc_op = {"func": "location", "location": START_LOCATION, "mapset": "PERMANENT"}
         if grassdata:
             loc_op["grassdata"] = grassdata
@@ -327,15 +363,27 @@ def convert(sb: dict, path: str, grassdata: str | None = None) -> dict:
             locations.append(loc)
     for extra in locations[1:]:
         if extra != locations[0] and not any(o.get("location") == extra for o in ops):
-            ops.insert(1, {"func": "location", "location": extra, "open": False,
-                           **({"grassdata": grassdata} if grassdata else {})})
+            ops.insert(
+                1,
+                {
+                    "func": "location",
+                    "location": extra,
+                    "open": False,
+                    **({"grassdata": grassdata} if grassdata else {}),
+                },
+            )
     task = {
-        "id": "sb_" + re.sub(r"[^A-Za-z0-9_.-]", "_", stem), "app": "grass",
-        "instruction": sb["instruction"].strip(), "steps": max(1, min(100, int(sb.get("steps", 15)))),
-        "initialize": ops, "evaluate": checks, "category": "ScienceBoard",
+        "id": "sb_" + re.sub(r"[^A-Za-z0-9_.-]", "_", stem),
+        "app": "grass",
+        "instruction": sb["instruction"].strip(),
+        "steps": max(1, min(100, int(sb.get("steps", 15)))),
+        "initialize": ops,
+        "evaluate": checks,
+        "category": "ScienceBoard",
         "origin": f"scienceboard:GrassGIS/{stem}",
-        "requires": "ScienceBoard's GRASS location(s) " + ", ".join(dict.fromkeys(locations))
-                    + " (from its VM image): pass the GRASS database holding them with "
-                      "`coda import-scienceboard --option grassdata=DIR` or $CODA_GRASSDATA",
+        "requires": "ScienceBoard's GRASS location(s) "
+        + ", ".join(dict.fromkeys(locations))
+        + " (from its VM image): pass the GRASS database holding them with "
+        "`coda import-scienceboard --option grassdata=DIR` or $CODA_GRASSDATA",
     }
     return task

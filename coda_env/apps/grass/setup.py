@@ -1,6 +1,7 @@
 """GRASS's setup operations: `location` (files phase: which GRASS location the GUI opens, copied from this
 project's database or a user's), `layer` (add a map layer as the Layer Manager does) and `scale` (set the map
 display's scale), the last two through the GUI's state server once the app is ready."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,10 @@ def _location(ctx, op: dict) -> None:
         return
     src = op.get("grassdata") or data.grassdata()
     if not src:
-        raise AppError(f"this task needs the GRASS location {loc!r}: name the GRASS database holding it with "
-                       f"$CODA_GRASSDATA or `coda import-scienceboard --option grassdata=DIR`")
+        raise AppError(
+            f"this task needs the GRASS location {loc!r}: name the GRASS database holding it with "
+            f"$CODA_GRASSDATA or `coda import-scienceboard --option grassdata=DIR`"
+        )
     if not data.is_location(Path(src, loc)) or not Path(src, loc, mapset).is_dir():
         raise AppError(f"the GRASS location {loc}/{mapset} is not in {src}")
     if op.get("open", True):
@@ -59,10 +62,16 @@ def _layer_validate(op: dict) -> None:
         raise SetupError(f"'type' must be raster or vector, got {op.get('type')!r}")
     params = op.get("params", {})
     if not isinstance(params, dict) or not all(
-            isinstance(k, str) and re.match(r"^[a-z_]{1,30}$", k) and k != "map"
-            and isinstance(v, (str, int, float)) and _PARAM_RE.match(str(v)) for k, v in params.items()):
+        isinstance(k, str)
+        and re.match(r"^[a-z_]{1,30}$", k)
+        and k != "map"
+        and isinstance(v, (str, int, float))
+        and _PARAM_RE.match(str(v))
+        for k, v in params.items()
+    ):
         raise SetupError("'params' must map d.rast/d.vect option names to simple values")
     from ...registry import number
+
     for k, v in params.items():
         if not isinstance(v, str):
             number(v, f"'params' {k}", -1e12, 1e12, error=SetupError)
@@ -70,12 +79,15 @@ def _layer_validate(op: dict) -> None:
 
 def _layer(ctx, op: dict) -> None:
     """App phase: add a map layer as the Layer Manager's 'Add map layer' does; wait until it is listed."""
-    app = ctx.app   # the Grass adapter
+    app = ctx.app  # the Grass adapter
     before = len(app.state(ctx.desktop)["layers"])
     req: dict[str, Any] = {"op": "add_layer", "map": op["map"]}
     if "type" in op:
-        req["cmd"] = [_LAYER_MODULES[op["type"]], f"map={op['map']}",
-                      *(f"{k}={v}" for k, v in op.get("params", {}).items())]
+        req["cmd"] = [
+            _LAYER_MODULES[op["type"]],
+            f"map={op['map']}",
+            *(f"{k}={v}" for k, v in op.get("params", {}).items()),
+        ]
     app.request(req)
     deadline = time.monotonic() + 10
     while len(app.state(ctx.desktop)["layers"]) <= before:
@@ -95,6 +107,7 @@ def _wait_rendered(ctx, timeout: float = 10.0) -> None:
 
 def _scale_validate(op: dict) -> None:
     from ...registry import number
+
     number(op.get("scale"), "'scale' (the n of 1:n)", 1, 1e10, error=SetupError)
 
 
@@ -105,8 +118,9 @@ def _scale(ctx, op: dict) -> None:
 
 
 SETUP_OPS = [
-    SetupOp("location", _location, _location_validate,
-            optional={"location", "mapset", "grassdata", "open"}, phase="files"),
+    SetupOp(
+        "location", _location, _location_validate, optional={"location", "mapset", "grassdata", "open"}, phase="files"
+    ),
     SetupOp("scale", _scale, _scale_validate, required={"scale"}, phase="app"),
     SetupOp("layer", _layer, _layer_validate, required={"map"}, optional={"type", "params"}, phase="app"),
 ]

@@ -3,6 +3,7 @@
 The adapter reads its state through AT-SPI (`adapter.py`); its own check types (`var`, `val`, `eqn`) and
 setup operations (`tab`, `console`, `func_2d`, `func_3d`) register here, with the task files in `tasks/`.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -21,7 +22,17 @@ def available() -> str | None:
     return None
 
 
-SPEC = register_app(AppSpec(
-    name="kalgebra", env_id="coda/KAlgebra-v0", adapter=KAlgebra, checks=CHECKS, setup_ops=SETUP_OPS,
-    task_dir=Path(__file__).parent / "tasks", available=available, scienceboard=scienceboard,
-    scienceboard_names=("KAlgebra",), description="KDE's calculator and function plotter (2D/3D graphs)"))
+SPEC = register_app(
+    AppSpec(
+        name="kalgebra",
+        env_id="coda/KAlgebra-v0",
+        adapter=KAlgebra,
+        checks=CHECKS,
+        setup_ops=SETUP_OPS,
+        task_dir=Path(__file__).parent / "tasks",
+        available=available,
+        scienceboard=scienceboard,
+        scienceboard_names=("KAlgebra",),
+        description="KDE's calculator and function plotter (2D/3D graphs)",
+    )
+)

@@ -4,6 +4,7 @@ State comes from AT-SPI, not from a patched build with an HTTP server (as Scienc
 Variables panel is a tree whose items come in (name, value) pairs with full precision, the 2D Graph's
 function list is a tree of (name, expression) pairs, and the tab bar says which tab is selected.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -24,10 +25,26 @@ _STATE_SKIP = _SKIP | {"list"}
 _DETAILS = frozenset({"page tab"})
 # what the a11y_tree observation lists (with states and boxes), and the inputs it lists even when unnamed
 _INPUTS = frozenset({"text", "entry", "spin box"})
-_LISTED = _INPUTS | frozenset({"page tab", "push button", "toggle button", "check box", "radio button",
-                               "tree item", "list item", "cell", "table cell", "column header", "menu item",
-                               "label", "frame", "status bar", "page tab list"})
-A11Y_MAX_NODES = 600       # nodes the a11y_tree observation reads at most
+_LISTED = _INPUTS | frozenset(
+    {
+        "page tab",
+        "push button",
+        "toggle button",
+        "check box",
+        "radio button",
+        "tree item",
+        "list item",
+        "cell",
+        "table cell",
+        "column header",
+        "menu item",
+        "label",
+        "frame",
+        "status bar",
+        "page tab list",
+    }
+)
+A11Y_MAX_NODES = 600  # nodes the a11y_tree observation reads at most
 STATE_PATIENCE = 30.0  # seconds a running but busy KAlgebra may take to answer a state read  # the tabs' states say which is current; their extents are pressed
 
 
@@ -38,32 +55,44 @@ class KAlgebra(A11yAdapter):
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
-        self._found_on: Desktop | None = None   # the desktop where `kalgebra` was found (asked once)
+        self._found_on: Desktop | None = None  # the desktop where `kalgebra` was found (asked once)
 
     # ------------------------------------------------------------------ lifecycle
     def launch(self, ctx: LaunchContext) -> subprocess.Popen:
         desktop, profile_dir = ctx.desktop, ctx.home
         # asked of the desktop, so it looks where the app will run (this machine, or the guest of a VM)
-        if self._found_on is not desktop and desktop.run(["sh", "-c", 'command -v "$0"', self.binary],
-                                                         timeout=30).returncode != 0:
-            raise AppError("kalgebra is not installed: run `make setup` (it installs Debian's kalgebra package; "
-                           "in a VM image, vm_images/build.sh does)")
+        if (
+            self._found_on is not desktop
+            and desktop.run(["sh", "-c", 'command -v "$0"', self.binary], timeout=30).returncode != 0
+        ):
+            raise AppError(
+                "kalgebra is not installed: run `make setup` (it installs Debian's kalgebra package; "
+                "in a VM image, vm_images/build.sh does)"
+            )
         self._found_on = desktop
         home = Path(profile_dir)
         # No caret blinking: screenshots of the same state are then identical (Qt's KDE theme reads this).
         # Written through the desktop, so that it lands where the app runs (the guest, for a VM).
         desktop.write_file(str(home / ".config" / "kdeglobals"), b"[KDE]\nCursorBlinkRate=0\n")
-        env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-               "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"),
-               "QTWEBENGINE_DISABLE_SANDBOX": "1", "XDG_CURRENT_DESKTOP": "KDE", "KDE_SESSION_VERSION": "5",
-               "QTWEBENGINE_CHROMIUM_FLAGS": "--disable-gpu --single-process", "LANG": "C.UTF-8",
-               "LC_ALL": "C.UTF-8", "QT_HASH_SEED": "0",
-               # Qt Quick (the console's QtWebEngine view) drawn by its software renderer, not by OpenGL on
-               # llvmpipe: the app's start costs a third of the CPU (0.18 s instead of 0.53 s, measured), and
-               # the console's results are on the screenshot as soon as the screen settles (with OpenGL the
-               # settled screenshot could still show an empty console). The 3D Graph is a plain OpenGL
-               # widget and is unaffected.
-               "QT_QUICK_BACKEND": "software"}
+        env = {
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_DATA_HOME": str(home / ".local/share"),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "QTWEBENGINE_DISABLE_SANDBOX": "1",
+            "XDG_CURRENT_DESKTOP": "KDE",
+            "KDE_SESSION_VERSION": "5",
+            "QTWEBENGINE_CHROMIUM_FLAGS": "--disable-gpu --single-process",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "QT_HASH_SEED": "0",
+            # Qt Quick (the console's QtWebEngine view) drawn by its software renderer, not by OpenGL on
+            # llvmpipe: the app's start costs a third of the CPU (0.18 s instead of 0.53 s, measured), and
+            # the console's results are on the screenshot as soon as the screen settles (with OpenGL the
+            # settled screenshot could still show an empty console). The 3D Graph is a plain OpenGL
+            # widget and is unaffected.
+            "QT_QUICK_BACKEND": "software",
+        }
         # Caches (Mesa's and Qt's compiled shaders) stay in the fresh HOME: a sealed app writes nowhere else, so
         # no episode can leave anything for the next one.
         self._proc = desktop.spawn([self.binary], env=env, cwd=str(home), log=str(home / "kalgebra.log"))
@@ -81,8 +110,11 @@ class KAlgebra(A11yAdapter):
             tree = self._tree(desktop, texts=False)
         except A11yError:  # a starting app can be slow to answer; the caller's deadline bounds the polling
             return False
-        return (tree is not None and tree.first("page tab", "Dictionary") is not None
-                and tree.first("frame", "Variables") is not None)
+        return (
+            tree is not None
+            and tree.first("page tab", "Dictionary") is not None
+            and tree.first("frame", "Variables") is not None
+        )
 
     # ------------------------------------------------------------------ state
     def a11y_text(self, desktop: Desktop) -> str:
@@ -92,14 +124,18 @@ class KAlgebra(A11yAdapter):
         if self._proc is not None and self._proc.poll() is not None:
             raise AppError(f"kalgebra is not running (exit code {self._proc.returncode})")
         try:  # only what shows is read (closed tabs and menus never are): a few requests a level
-            found = self._client(desktop).showing_rows(self.name, A11Y_MAX_NODES, text_roles=_LISTED,
-                                                       skip_roles=_STATE_SKIP, text_limit=-1)
+            found = self._client(desktop).showing_rows(
+                self.name, A11Y_MAX_NODES, text_roles=_LISTED, skip_roles=_STATE_SKIP, text_limit=-1
+            )
         except A11yError as e:
             raise AppError(f"cannot read KAlgebra's state: {e}") from None
         if found is None:
             raise AppError("kalgebra is not on the accessibility bus (did it crash?)")
-        rows = [(role, name, text or "", ext, states) for _, role, name, text, ext, states in found
-                if role in _LISTED and (name or text or role in _INPUTS)]
+        rows = [
+            (role, name, text or "", ext, states)
+            for _, role, name, text, ext, states in found
+            if role in _LISTED and (name or text or role in _INPUTS)
+        ]
         return table_text(rows)
 
     def tree(self, desktop: Desktop, skip_roles: frozenset[str] = _SKIP, details: frozenset[str] = _DETAILS) -> Node:
@@ -108,8 +144,7 @@ class KAlgebra(A11yAdapter):
         if self._proc is not None and self._proc.poll() is not None:
             raise AppError(f"kalgebra is not running (exit code {self._proc.returncode})")
         try:
-            tree = self._client(desktop).app_tree(self.name, skip_roles=skip_roles, texts=True,
-                                                  details_roles=details)
+            tree = self._client(desktop).app_tree(self.name, skip_roles=skip_roles, texts=True, details_roles=details)
         except A11yError as e:
             raise AppError(f"cannot read KAlgebra's state: {e}") from None
         if tree is None:
@@ -136,7 +171,7 @@ class KAlgebra(A11yAdapter):
                     if isinstance(e, AppError):
                         raise
                     raise AppError(f"cannot read KAlgebra's state: {e}") from None
-            time.sleep(0.1)   # polled: the next read comes when KAlgebra may have caught up
+            time.sleep(0.1)  # polled: the next read comes when KAlgebra may have caught up
 
     def _read_state(self, desktop: Desktop) -> dict[str, Any]:
         """{"tab", "variables": {name: value}, "functions_2d": [{"name", "expression"}], "function_3d",
@@ -147,13 +182,18 @@ class KAlgebra(A11yAdapter):
         tabs = next((n for n in root.find("page tab list") if n.first("page tab", "Dictionary")), None)
         if tabs is not None:
             for t in tabs.children:
-                if t.role == "page tab" and client.states(t) & {"selected", "focused"}:  # Qt 5 marks the current tab focused
+                if t.role == "page tab" and client.states(t) & {
+                    "selected",
+                    "focused",
+                }:  # Qt 5 marks the current tab focused
                     tab = t.name
         variables_frame = root.first("frame", "Variables")
         variables = dict(self._pairs(variables_frame.first("tree") if variables_frame else None))
         functions_frame = root.first("frame", "Functions")
-        functions = [{"name": n, "expression": e}
-                     for n, e in self._pairs(functions_frame.first("tree") if functions_frame else None)]
+        functions = [
+            {"name": n, "expression": e}
+            for n, e in self._pairs(functions_frame.first("tree") if functions_frame else None)
+        ]
         ops = root.first("frame", "Operations")
         query = None
         if ops is not None:
@@ -162,9 +202,14 @@ class KAlgebra(A11yAdapter):
         texts = [n for n in root.find("text")]
         # The main area's inputs, in tree order: [console, 3D expression] (a hidden tab keeps its widgets).
         main = [n.text for n in texts if not self._inside(root, n, ("Functions", "Operations", "Variables"))]
-        return {"tab": tab, "variables": variables, "functions_2d": functions,
-                "function_3d": main[1] if len(main) > 1 and main[1] else None,
-                "console_input": main[0] if main else None, "dictionary_query": query}
+        return {
+            "tab": tab,
+            "variables": variables,
+            "functions_2d": functions,
+            "function_3d": main[1] if len(main) > 1 and main[1] else None,
+            "console_input": main[0] if main else None,
+            "dictionary_query": query,
+        }
 
     @staticmethod
     def _inside(root: Node, node: Node, frame_names: tuple[str, ...]) -> bool:

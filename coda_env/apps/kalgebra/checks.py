@@ -10,6 +10,7 @@ ScienceBoard's harness `eval()`s lambda strings and asks a patched KAlgebra whet
 here KAlgebra's expressions are parsed by a small recursive-descent parser (`MathExpr`) and evaluated over a
 whitelist of functions. Nothing is `eval`ed.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,7 @@ from typing import Any, Callable
 from ...checks import check_tolerance, is_number
 from ...registry import CheckContext, CheckError, CheckType, number
 
-MAX_FUNCTIONS = 1000       # `count` of plotted functions, and points per check
+MAX_FUNCTIONS = 1000  # `count` of plotted functions, and points per check
 
 
 def _name(c: dict) -> None:
@@ -57,8 +58,12 @@ def _eqn_validate(c: dict) -> None:
     if "points" in c and (not isinstance(c["points"], list) or len(c["points"]) > MAX_FUNCTIONS):
         raise CheckError(f"check 'eqn' points must be a list of at most {MAX_FUNCTIONS}")
     for p in c.get("points", []):
-        if (not isinstance(p, list) or len(p) != dim + 1 or not isinstance(p[-1], bool)
-                or not all(is_number(v) for v in p[:-1])):
+        if (
+            not isinstance(p, list)
+            or len(p) != dim + 1
+            or not isinstance(p[-1], bool)
+            or not all(is_number(v) for v in p[:-1])
+        ):
             raise CheckError(f"check 'eqn' point {p!r} must be [{'x, y' if dim == 2 else 'x, y, z'}, true|false]")
         for v in p[:-1]:
             number(v, "check 'eqn' point coordinate", error=CheckError)
@@ -121,8 +126,13 @@ def _on(f: "MathExpr", point: list, tol: float) -> bool:
 def _eqn(c, ctx):
     state = ctx.state
     dim = c.get("dim", 2)
-    exprs = ([f["expression"] for f in state.get("functions_2d", [])] if dim == 2
-             else [state["function_3d"]] if state.get("function_3d") else [])
+    exprs = (
+        [f["expression"] for f in state.get("functions_2d", [])]
+        if dim == 2
+        else [state["function_3d"]]
+        if state.get("function_3d")
+        else []
+    )
     notes = []
     if "count" in c:
         if len(exprs) != c["count"]:
@@ -160,13 +170,34 @@ def _root(x: float, n: float = 2.0) -> float:
 
 
 _FUNCS: dict[str, Callable[..., float]] = {
-    "sin": math.sin, "cos": math.cos, "tan": math.tan, "sec": lambda x: 1 / math.cos(x),
-    "csc": lambda x: 1 / math.sin(x), "cot": lambda x: 1 / math.tan(x), "arcsin": math.asin,
-    "arccos": math.acos, "arctan": math.atan, "sinh": math.sinh, "cosh": math.cosh, "tanh": math.tanh,
-    "arcsinh": math.asinh, "arccosh": math.acosh, "arctanh": math.atanh, "ln": math.log,
-    "log": math.log10, "exp": math.exp, "sqrt": math.sqrt, "abs": abs, "root": _root,
-    "floor": math.floor, "ceiling": math.ceil, "factorial": lambda x: math.gamma(x + 1) if x <= 170 else math.inf,
-    "sign": lambda x: float((x > 0) - (x < 0)), "power": math.pow, "max": max, "min": min,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "sec": lambda x: 1 / math.cos(x),
+    "csc": lambda x: 1 / math.sin(x),
+    "cot": lambda x: 1 / math.tan(x),
+    "arcsin": math.asin,
+    "arccos": math.acos,
+    "arctan": math.atan,
+    "sinh": math.sinh,
+    "cosh": math.cosh,
+    "tanh": math.tanh,
+    "arcsinh": math.asinh,
+    "arccosh": math.acosh,
+    "arctanh": math.atanh,
+    "ln": math.log,
+    "log": math.log10,
+    "exp": math.exp,
+    "sqrt": math.sqrt,
+    "abs": abs,
+    "root": _root,
+    "floor": math.floor,
+    "ceiling": math.ceil,
+    "factorial": lambda x: math.gamma(x + 1) if x <= 170 else math.inf,
+    "sign": lambda x: float((x > 0) - (x < 0)),
+    "power": math.pow,
+    "max": max,
+    "min": min,
 }
 _CONSTS = {"pi": math.pi, "e": math.e, "euler": 0.5772156649015329, "true": 1.0, "false": 0.0}
 _TOKEN = re.compile(r"\s*(?:(\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+)|([A-Za-z_][A-Za-z_0-9]*)|(->|[-+*/^(),=]))")
@@ -211,7 +242,7 @@ class MathExpr:
         while pos < len(text):
             m = _TOKEN.match(text, pos)
             if not m or m.end() == pos:
-                raise ValueError(f"cannot read {text[pos:pos + 10]!r}")
+                raise ValueError(f"cannot read {text[pos : pos + 10]!r}")
             num, name, op = m.groups()
             out.append(("num", num) if num else ("name", name) if name else ("op", op))
             pos = m.end()
@@ -323,7 +354,7 @@ class MathExpr:
             return a / b
         if abs(b) > 1e4 or (abs(a) > 1e6 and b > 1):
             raise OverflowError("power too large")
-        r = a ** b
+        r = a**b
         if isinstance(r, complex):
             raise ValueError("complex result")
         return r
@@ -343,6 +374,7 @@ class MathExpr:
             elif node[0] in ("+", "-", "*", "/", "^"):
                 walk(node[1])
                 walk(node[2])
+
         walk(self._tree)
         if self.equation:
             walk(self._rhs)

@@ -25,6 +25,7 @@ evaluate (their checker: sci/KAlgebra/task.py in OS-Copilot/ScienceBoard)
   - `stop` {value: "FAIL"} -> core `answer` {value: "FAIL"}; {value: "ANS", args: [x]} -> core `answer`
     ({number: x} when x is a plain number, else {value: x}).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,9 +37,9 @@ from ...checks import parse_number
 from ...scienceboard import base_task
 from ...tasks import TaskError
 
-SB_HOME = PurePosixPath("/home/user")     # the home folder of ScienceBoard's VM
-TOL = 1e-6                                # ScienceBoard's `is_near` for val (sci/KAlgebra/task.py)
-EQN_TOL = 1e-4                            # their patched KAlgebra's `is_near` for points on a plot
+SB_HOME = PurePosixPath("/home/user")  # the home folder of ScienceBoard's VM
+TOL = 1e-6  # ScienceBoard's `is_near` for val (sci/KAlgebra/task.py)
+EQN_TOL = 1e-4  # their patched KAlgebra's `is_near` for points on a plot
 BUILTINS = frozenset({"pi", "e", "euler", "i", "true", "false"})
 _IMAGINARY = re.compile(r"(?<![A-Za-z_0-9])i(?![A-Za-z_0-9(])")
 _POINT_KEY = re.compile(r"\(\s*([^,()]+)(?:\s*,\s*([^,()]+))(?:\s*,\s*([^,()]+))?\s*\)")
@@ -53,7 +54,7 @@ def convert(sb: dict, path: str) -> dict:
         raise TaskError(f"{path}: no evaluate entries: nothing would decide success")
     _script_functions(task, path)
     if isinstance(sb.get("ans"), str) and sb["ans"].strip() not in ("", "N/A"):
-        task["ans"] = sb["ans"]          # ScienceBoard's hint at a solution (KAlgebra syntax), kept as data
+        task["ans"] = sb["ans"]  # ScienceBoard's hint at a solution (KAlgebra syntax), kept as data
     return task
 
 
@@ -70,7 +71,7 @@ def _setup(op: Any, path: str) -> list[dict]:
         raise TaskError(f"{path}: initialize entry {op!r} is not an operation")
     func = op["func"]
     if func == "launch":
-        return []                         # the env starts a fresh KAlgebra itself on every reset
+        return []  # the env starts a fresh KAlgebra itself on every reset
     if func == "tab":
         if set(op) - {"func", "index"}:
             raise TaskError(f"{path}: tab with unknown fields {sorted(set(op) - {'func', 'index'})}")
@@ -81,8 +82,10 @@ def _setup(op: Any, path: str) -> list[dict]:
         return [{"func": func, "expr": op.get("expr")}]
     if func == "touch":
         return [{"func": "write_file", "path": _home_rel(op.get("path"), path), "content": _text(op, path)}]
-    raise TaskError(f"{path}: ScienceBoard setup operation {func!r} has no KAlgebra translation "
-                    f"(known: launch, tab, func_2d, func_3d, touch); refused, not run")
+    raise TaskError(
+        f"{path}: ScienceBoard setup operation {func!r} has no KAlgebra translation "
+        f"(known: launch, tab, func_2d, func_3d, touch); refused, not run"
+    )
 
 
 def _home_rel(p: Any, path: str) -> str:
@@ -93,8 +96,10 @@ def _home_rel(p: Any, path: str) -> str:
     if not pp.is_absolute():
         raise TaskError(f"{path}: touch path {p!r} is not absolute (ScienceBoard writes into /home/user)")
     if ".." in pp.parts or not pp.is_relative_to(SB_HOME) or pp == SB_HOME:
-        raise TaskError(f"{path}: touch writes {p!r}, outside the home folder {SB_HOME}; refused "
-                        f"(a task file may only write inside the app's home)")
+        raise TaskError(
+            f"{path}: touch writes {p!r}, outside the home folder {SB_HOME}; refused "
+            f"(a task file may only write inside the app's home)"
+        )
     return str(pp.relative_to(SB_HOME))
 
 
@@ -113,11 +118,19 @@ def _script_functions(task: dict, path: str) -> None:
     (`r(2)`), and the `eqn` check evaluates only self-contained expressions (a plot that calls the script's
     function fails it, however right); an oracle that avoided the function would pass where a faithful
     agent fails."""
-    names = sorted({m.group(1) for op in task["initialize"] if op["func"] == "write_file"
-                    for m in _DEFINES_FUNCTION.finditer(op["content"])})
+    names = sorted(
+        {
+            m.group(1)
+            for op in task["initialize"]
+            if op["func"] == "write_file"
+            for m in _DEFINES_FUNCTION.finditer(op["content"])
+        }
+    )
     if names and any(c["type"] == "eqn" and "points" in c for c in task["evaluate"]):
-        raise TaskError(f"{path}: the plot is to use the function {', '.join(names)} that its script defines; "
-                        f"coda's eqn check cannot evaluate a plot that calls a user-defined function; refused")
+        raise TaskError(
+            f"{path}: the plot is to use the function {', '.join(names)} that its script defines; "
+            f"coda's eqn check cannot evaluate a plot that calls a user-defined function; refused"
+        )
 
 
 # ------------------------------------------------------------------------------------------ evaluate
@@ -130,16 +143,20 @@ def _check(c: Any, path: str) -> dict:
             raise TaskError(f"{path}: var check needs a variable name as key")
         if value == "#UNDEF":
             if key in BUILTINS:
-                raise TaskError(f"{path}: var wants KAlgebra's built-in constant {key!r} removed, which its GUI "
-                                f"cannot do (its variable views offer only 'Add variable'; names are not editable "
-                                f"and Delete does nothing), so no episode could pass; refused")
+                raise TaskError(
+                    f"{path}: var wants KAlgebra's built-in constant {key!r} removed, which its GUI "
+                    f"cannot do (its variable views offer only 'Add variable'; names are not editable "
+                    f"and Delete does nothing), so no episode could pass; refused"
+                )
             return {"type": "var", "name": key, "absent": True}
         if not isinstance(value, str):
             raise TaskError(f"{path}: var check value must be KAlgebra's text of the value")
         if _IMAGINARY.search(value):
-            raise TaskError(f"{path}: var wants the complex value {value!r}; Debian's KAlgebra (22.12) shows only "
-                            f"the real part of a complex value in its Variables panel (i shows as 0), the state "
-                            f"coda reads, so no episode could pass; refused")
+            raise TaskError(
+                f"{path}: var wants the complex value {value!r}; Debian's KAlgebra (22.12) shows only "
+                f"the real part of a complex value in its Variables panel (i shows as 0), the state "
+                f"coda reads, so no episode could pass; refused"
+            )
         return {"type": "var", "name": key, "value": value}
     if kind == "val":
         v = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -150,8 +167,10 @@ def _check(c: Any, path: str) -> dict:
         return _eqn(key, value, path)
     if kind == "stop":
         return _stop(c, path)
-    raise TaskError(f"{path}: ScienceBoard check {kind!r} has no KAlgebra translation "
-                    f"(known: var, val, eqn, stop); refused, not run")
+    raise TaskError(
+        f"{path}: ScienceBoard check {kind!r} has no KAlgebra translation "
+        f"(known: var, val, eqn, stop); refused, not run"
+    )
 
 
 def _eqn(key: Any, value: Any, path: str) -> dict:
@@ -169,16 +188,21 @@ def _eqn(key: Any, value: Any, path: str) -> dict:
     for k, v in value.items():
         m = _POINT_KEY.fullmatch(k.strip()) if isinstance(k, str) else None
         if m is None:
-            raise TaskError(f"{path}: eqn demands {k!r} = {v!r} of the plot, which KAlgebra's state as read "
-                            f"through AT-SPI does not hold (only which points lie on a plotted function); refused")
+            raise TaskError(
+                f"{path}: eqn demands {k!r} = {v!r} of the plot, which KAlgebra's state as read "
+                f"through AT-SPI does not hold (only which points lie on a plotted function); refused"
+            )
         nums = [parse_number(g) for g in m.groups() if g is not None]
         if any(n is None for n in nums) or len(nums) != dim or not isinstance(v, bool):
             raise TaskError(f"{path}: eqn entry {k!r}: {v!r} is not a {dim}D point with true/false")
         expected[tuple(nums)] = v
     points = []
     for p in key:
-        coords = tuple(float(x) for x in p) if all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                   for x in p) else None
+        coords = (
+            tuple(float(x) for x in p)
+            if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in p)
+            else None
+        )
         if coords is None or coords not in expected:
             raise TaskError(f"{path}: eqn point {p!r} has no true/false result in value")
         points.append([*p, expected[coords]])
@@ -192,8 +216,13 @@ def _stop(c: dict, path: str) -> dict:
     if c.get("value") == "FAIL" and not c.get("args"):
         return {"type": "answer", "value": "FAIL"}
     args = c.get("args")
-    if c.get("value") == "ANS" and isinstance(args, list) and len(args) == 1 and isinstance(args[0], (str, int, float)) \
-            and not isinstance(args[0], bool):
+    if (
+        c.get("value") == "ANS"
+        and isinstance(args, list)
+        and len(args) == 1
+        and isinstance(args[0], (str, int, float))
+        and not isinstance(args[0], bool)
+    ):
         n = parse_number(str(args[0]))
         return {"type": "answer", "number": n, "tol": TOL} if n is not None else {"type": "answer", "value": args[0]}
     raise TaskError(f"{path}: stop check {c!r} is neither FAIL nor ANS with one answer; refused")

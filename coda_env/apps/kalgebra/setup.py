@@ -1,6 +1,7 @@
 """KAlgebra's setup operations: `tab` (switch tab), `console` (evaluate an expression), `func_2d` and
 `func_3d` (add a function to a graph). Each is validated on load and performed through the app's own GUI
 (the adapter's `run_op`: the keyboard and mouse, as a person would), once the app is ready."""
+
 from __future__ import annotations
 
 from ...registry import SetupContext, SetupError, SetupOp
@@ -13,6 +14,7 @@ def _run(ctx: SetupContext, op: dict) -> None:
 
 def _expr_validate(op: dict) -> None:
     from ...actions import ActionError, parse_action
+
     expr = op.get("expr")
     if not isinstance(expr, str) or not expr.strip() or len(expr) > 500:
         raise SetupError("'expr' must be a non-empty string of at most 500 characters")

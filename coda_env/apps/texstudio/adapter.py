@@ -9,6 +9,7 @@ and no typing aids (completion pop-ups, bracket closing, auto-indent) or soft li
 agent lands in the document as typed and a cursor key moves by one line of the file. Closing with unsaved work
 asks a question, so the env kills the process, never closes it.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,16 +23,33 @@ from ...a11y import A11yAdapter, A11yError, Node
 from ...backends.base import Desktop
 from ...registry import AppError, LaunchContext
 
-WORKDIR = "atelier"          # the task files' folder inside home (ScienceBoard's /home/user/atelier)
+WORKDIR = "atelier"  # the task files' folder inside home (ScienceBoard's /home/user/atelier)
 CONFIG_DIR = ".config/texstudio"
 TEXT_SUFFIXES = (".tex", ".bib", ".txt", ".bst", ".cls", ".sty")
-MAX_TEXT = 200_000           # bytes of one file's text in state()
+MAX_TEXT = 200_000  # bytes of one file's text in state()
 MAX_FILES = 200
 A11Y_MAX_NODES = 400
 A11Y_MAX_CHARS = 20_000
-BUILD_WAIT = 60.0            # seconds state() waits for a running build to end
-_BUILD_TOOLS = frozenset({"pdflatex", "latex", "xelatex", "lualatex", "latexmk", "bibtex", "bibtex8", "biber",
-                          "makeindex", "dvipdfmx", "dvips", "ps2pdf", "pdftex", "xetex", "luatex"})
+BUILD_WAIT = 60.0  # seconds state() waits for a running build to end
+_BUILD_TOOLS = frozenset(
+    {
+        "pdflatex",
+        "latex",
+        "xelatex",
+        "lualatex",
+        "latexmk",
+        "bibtex",
+        "bibtex8",
+        "biber",
+        "makeindex",
+        "dvipdfmx",
+        "dvips",
+        "ps2pdf",
+        "pdftex",
+        "xetex",
+        "luatex",
+    }
+)
 
 # The profile. Keys as TeXstudio writes them (QSettings' ini escaping: %20 for spaces).
 PROFILE = """[General]
@@ -86,8 +104,9 @@ class TeXstudio(A11yAdapter):
     def launch(self, ctx: LaunchContext) -> subprocess.Popen:
         desktop = ctx.desktop
         if desktop.run(["sh", "-c", 'command -v "$0"', self.binary], timeout=30).returncode != 0:
-            raise AppError("texstudio is not installed: run `make setup` (Debian's texstudio and "
-                           "texlive-latex-base packages)")
+            raise AppError(
+                "texstudio is not installed: run `make setup` (Debian's texstudio and texlive-latex-base packages)"
+            )
         home = Path(ctx.home)
         self.home = str(home)
         self.files = list(ctx.open_files)
@@ -100,13 +119,22 @@ class TeXstudio(A11yAdapter):
         if not self.files:  # a task with no files: TeXstudio opens on an empty folder
             desktop.write_file(str(Path(self.workdir) / ".keep"), b"")
         shown = self._stable_paths(desktop, home)
-        env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-               "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"),
-               "XDG_CURRENT_DESKTOP": "KDE", "KDE_SESSION_VERSION": "5",
-               "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "QT_HASH_SEED": "0",
-               # TeX reads and writes only below the document's folder (kpathsea's paranoid mode): no
-               # \input{/etc/hostname} into a PDF, no write outside the folder
-               "openin_any": "p", "openout_any": "p", "shell_escape": "f"}
+        env = {
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_DATA_HOME": str(home / ".local/share"),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "XDG_CURRENT_DESKTOP": "KDE",
+            "KDE_SESSION_VERSION": "5",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "QT_HASH_SEED": "0",
+            # TeX reads and writes only below the document's folder (kpathsea's paranoid mode): no
+            # \input{/etc/hostname} into a PDF, no write outside the folder
+            "openin_any": "p",
+            "openout_any": "p",
+            "shell_escape": "f",
+        }
         argv = [self.binary, "--start-always", "--no-session", "--config", str(config), *shown]
         self._proc = desktop.spawn(argv, env=env, cwd=self.workdir, log=str(home / "texstudio.log"))
         return self._proc
@@ -257,18 +285,23 @@ class TeXstudio(A11yAdapter):
             tree = self._read_tree(desktop)
         files = self._files(desktop)
         wins = [w for w in desktop.windows() if w.wm_class == self.wm_class]
-        gui: dict[str, Any] = {"tabs": [], "current_tab": None, "messages": None, "log": None,
-                               "log_entries": [], "pdf_page": None, "pdf_pages": None,
-                               "title": wins[0].title if wins else None,
-                               "windows": [w.title for w in wins]}
+        gui: dict[str, Any] = {
+            "tabs": [],
+            "current_tab": None,
+            "messages": None,
+            "log": None,
+            "log_entries": [],
+            "pdf_page": None,
+            "pdf_pages": None,
+            "title": wins[0].title if wins else None,
+            "windows": [w.title for w in wins],
+        }
         tabs = self._editor_tabs(tree)
         gui["tabs"] = [t.name for t in tabs]
         lists = [lst for lst in self._tab_lists(tree) if any(t in tabs for t in lst.children)]
         gui["current_tab"] = lists[0].name if lists else None
         self._panes(tree, gui)
-        return {"files": files,
-                "pdf": {k: v["size"] for k, v in files.items() if k.endswith(".pdf")},
-                **gui}
+        return {"files": files, "pdf": {k: v["size"] for k, v in files.items() if k.endswith(".pdf")}, **gui}
 
     @staticmethod
     def _panes(tree: Node, gui: dict[str, Any]) -> None:
@@ -277,11 +310,17 @@ class TeXstudio(A11yAdapter):
         for n in tree.walk():
             for c in n.children:
                 parent[id(c)] = n
-        table = next((n for n in tree.find("table")
-                      if any(c.role == "column header" and c.name == "Message" for c in n.children)), None)
+        table = next(
+            (
+                n
+                for n in tree.find("table")
+                if any(c.role == "column header" and c.name == "Message" for c in n.children)
+            ),
+            None,
+        )
         if table is not None:
             cells = [c.name for c in table.children if c.role in ("table cell", "cell")]
-            gui["log_entries"] = [cells[i:i + 4] for i in range(0, len(cells) - 3, 4)][:200]
+            gui["log_entries"] = [cells[i : i + 4] for i in range(0, len(cells) - 3, 4)][:200]
             # the log text is the table's sibling; the messages text comes first in the same pane
             split = parent.get(id(table))
             log = next((c for c in split.children if c.role == "text"), None) if split else None

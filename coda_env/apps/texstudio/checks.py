@@ -14,6 +14,7 @@ the replacements applied, which is how ScienceBoard states its TeXstudio tasks (
 trailing whitespace of each line and trailing newlines do not count. Exact text, existence and hashes are
 the core `file` check's; regular expressions the core `include`'s.
 """
+
 from __future__ import annotations
 
 import re
@@ -57,9 +58,11 @@ def _relpath(c: dict, key: str = "path") -> None:
 def _validate_file(c: dict) -> None:
     _relpath(c)
     reps = c.get("replacements")
-    if (not isinstance(reps, list) or not reps
-            or not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r) and r[0]
-                       for r in reps)):
+    if (
+        not isinstance(reps, list)
+        or not reps
+        or not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r) and r[0] for r in reps)
+    ):
         raise CheckError('replacements must be a non-empty list of ["old", "new"] string pairs')
 
 
@@ -115,8 +118,9 @@ def _validate_compile(c: dict) -> None:
     t = c.get("timeout", 60)
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not 1 <= t <= 600:
         raise CheckError("timeout must be 1..600 seconds")
-    if "min_pages" in c and (not isinstance(c["min_pages"], int) or isinstance(c["min_pages"], bool)
-                             or c["min_pages"] < 1):
+    if "min_pages" in c and (
+        not isinstance(c["min_pages"], int) or isinstance(c["min_pages"], bool) or c["min_pages"] < 1
+    ):
         raise CheckError("min_pages must be a positive integer")
     _require_str(c, "contains")
     if "bibtex" in c and not isinstance(c["bibtex"], bool):
@@ -127,7 +131,7 @@ def _log_errors(log: str) -> str:
     lines = log.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("!") or re.match(r"^\S+:\d+: ", line):
-            return " ".join(x.strip() for x in lines[i:i + 3])[:300]
+            return " ".join(x.strip() for x in lines[i : i + 3])[:300]
     return ""
 
 
@@ -159,8 +163,21 @@ def _run_compile(c: dict, ctx: CheckContext) -> tuple[bool, str]:
                 return False, f"cannot copy {c['path']}: {cp.stderr.decode(errors='replace')[:200]}"
         # TeX in paranoid mode (reads and writes only below the scratch folder), sealed like the app on
         # this machine (writable: the scratch folder only), so a document cannot read or run anything else
-        argv = ["timeout", "-k", "2", str(int(timeout)), "env", *_TEX_ENV, "sh", "-c", _SCRIPT, "coda-compile",
-                scratch, name, "1" if bib else "0"]
+        argv = [
+            "timeout",
+            "-k",
+            "2",
+            str(int(timeout)),
+            "env",
+            *_TEX_ENV,
+            "sh",
+            "-c",
+            _SCRIPT,
+            "coda-compile",
+            scratch,
+            name,
+            "1" if bib else "0",
+        ]
         try:
             r = d.run(argv, timeout=timeout + 10, writable=[scratch])
         except Exception as e:  # subprocess.TimeoutExpired or a desktop error
@@ -225,8 +242,13 @@ def _read(d, path: str) -> bytes:
 
 
 CHECKS = (
-    CheckType("compile", _run_compile, _validate_compile,
-              required={"path"}, optional={"file", "timeout", "min_pages", "contains", "bibtex"}),
+    CheckType(
+        "compile",
+        _run_compile,
+        _validate_compile,
+        required={"path"},
+        optional={"file", "timeout", "min_pages", "contains", "bibtex"},
+    ),
     CheckType("tex_file", _run_file, _validate_file, required={"path", "replacements"}),
 )
 

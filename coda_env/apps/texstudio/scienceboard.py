@@ -20,6 +20,7 @@ Checks:
 Figures a document includes that no operation writes (C-03/C-04 include figs/*.pdf from ScienceBoard's VM
 image) are written as one-page placeholder PDFs, so that the document builds; `requires` says so.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,15 +32,20 @@ from ...scienceboard import base_task
 from ...tasks import TaskError
 
 SB_HOME = "/home/user/"
-OTHER_APPS = {"chimerax": "chimerax", "kalgebra": "kalgebra", "celestia": "celestia", "celestia-qt6": "celestia",
-              "grass": "grass"}
+OTHER_APPS = {
+    "chimerax": "chimerax",
+    "kalgebra": "kalgebra",
+    "celestia": "celestia",
+    "celestia-qt6": "celestia",
+    "grass": "grass",
+}
 _GRAPHICS = re.compile(r"^[^%\n]*\\includegraphics\s*(?:\[[^\]]*\])?\s*\{([^}]+)\}", re.M)
 
 
 def _rel(path: Any, where: str) -> str:
     if not isinstance(path, str) or not path.startswith(SB_HOME):
         raise TaskError(f"{where}: path {path!r} is not inside {SB_HOME}")
-    rel = os.path.normpath(path[len(SB_HOME):])
+    rel = os.path.normpath(path[len(SB_HOME) :])
     if rel.startswith("..") or rel in (".", ""):
         raise TaskError(f"{where}: path {path!r} leaves the home folder")
     return rel
@@ -72,16 +78,21 @@ def _launch(op: dict, where: str, init: list, apps: list, requires: list) -> Non
                 apps.append(OTHER_APPS[w])
             return
     if words and words[0] == "code":
-        requires.append("VS Code with the Lean 4 extension, which the instruction offers for debugging "
-                        "(optional: the fix can be made in TeXstudio alone)")
+        requires.append(
+            "VS Code with the Lean 4 extension, which the instruction offers for debugging "
+            "(optional: the fix can be made in TeXstudio alone)"
+        )
         return
     raise TaskError(f"{where}: launches {argv[:1]}, which this translation does not know")
 
 
 def _placeholder_pdf() -> str:
     """A valid one-page PDF (ASCII), offsets computed, standing in for a figure of ScienceBoard's VM image."""
-    objs = ["<< /Type /Catalog /Pages 2 0 R >>", "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 100] /Contents 4 0 R >>"]
+    objs = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 100] /Contents 4 0 R >>",
+    ]
     stream = "0.8 g 0 0 200 100 re f"
     objs.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
     out, offsets = "%PDF-1.4\n", []
@@ -97,12 +108,16 @@ def _check(item: dict, where: str) -> dict:
     kind = item.get("type")
     if "pred" in item:  # a predicate over the app's state: translated, never evaluated as Python
         from ...predicate import translate_lambda
+
         return {"type": "predicate", "expr": translate_lambda(item["pred"])}
     if kind == "file":
         if not all(isinstance(item.get(k), str) for k in ("source", "target")):
             raise TaskError(f"{where}: a file check needs source and target strings")
-        return {"type": "tex_file", "path": _rel(item.get("path"), where),
-                "replacements": [[item["source"], item["target"]]]}
+        return {
+            "type": "tex_file",
+            "path": _rel(item.get("path"), where),
+            "replacements": [[item["source"], item["target"]]],
+        }
     if kind == "compile":
         return {"type": "compile", "path": _rel(item.get("path"), where), "file": str(item.get("file", "main"))}
     if kind == "include":
@@ -121,7 +136,9 @@ def convert(sb: dict, path: str) -> dict:
     """One ScienceBoard TeXstudio task file (its parsed JSON and its path) -> a coda task dict."""
     stem = os.path.splitext(os.path.basename(path))[0]
     if not isinstance(sb, dict) or sb.get("type") != "TeXstudio":
-        raise TaskError(f"{path}: not a ScienceBoard TeXstudio task (type {sb.get('type') if isinstance(sb, dict) else None!r})")
+        raise TaskError(
+            f"{path}: not a ScienceBoard TeXstudio task (type {sb.get('type') if isinstance(sb, dict) else None!r})"
+        )
     init: list[dict] = []
     apps: list[str] = []
     requires: list[str] = []
@@ -143,8 +160,10 @@ def convert(sb: dict, path: str) -> dict:
             if not re.fullmatch(r"[A-Za-z0-9]{4}", name):
                 raise TaskError(f"{where}: chimerax_open needs a PDB id, got {name!r}")
             init.append({"func": "chimerax_open", "path": f"{name.lower()}.cif"})
-            requires.append(f"the PDB entry {name.upper()} as {name.lower()}.cif in the app's home "
-                            f"(ScienceBoard fetched it from the PDB)")
+            requires.append(
+                f"the PDB entry {name.upper()} as {name.lower()}.cif in the app's home "
+                f"(ScienceBoard fetched it from the PDB)"
+            )
         elif func == "opt":
             init.append({"func": "celestia_opt", **{k: v for k, v in op.items() if k != "func"}})
         else:
@@ -169,15 +188,22 @@ def convert(sb: dict, path: str) -> dict:
     for rel in missing:
         init.insert(0, {"func": "write_file", "path": rel, "content": _placeholder_pdf()})
     if missing:
-        requires.append("the figures " + ", ".join(missing) + " of ScienceBoard's VM image (blank placeholders "
-                        "stand in for them)")
-    if any(op["func"] == "write_file" and re.search(r"\\usepackage(\[[^\]]*\])?\{(kpfonts|beramono)\}", op["content"])
-           for op in init):
+        requires.append(
+            "the figures " + ", ".join(missing) + " of ScienceBoard's VM image (blank placeholders stand in for them)"
+        )
+    if any(
+        op["func"] == "write_file" and re.search(r"\\usepackage(\[[^\]]*\])?\{(kpfonts|beramono)\}", op["content"])
+        for op in init
+    ):
         requires.append("texlive-fonts-extra for kpfonts/beramono (CODA_TEXLIVE_FONTS_EXTRA=1 make setup)")
     if stem == "B-04":
         requires.append("a web browser with access to Google Scholar (the entry can also be typed by hand)")
-    task: dict[str, Any] = {**base_task(sb, path, "texstudio"), "initialize": init, "evaluate": evaluate,
-                            "difficulty": "medium"}
+    task: dict[str, Any] = {
+        **base_task(sb, path, "texstudio"),
+        "initialize": init,
+        "evaluate": evaluate,
+        "difficulty": "medium",
+    }
     if apps:
         task["apps"] = apps
     if requires:

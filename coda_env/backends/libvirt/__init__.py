@@ -25,6 +25,7 @@ revert), `guest` (the guest agent: commands, programs, files, app state) and `gu
 transport), `input` (sendKey, QMP pointer), `screen` (screenshots), `watchdog` (removal when the parent
 dies). `LibvirtDesktop` is their mixins put together.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -32,25 +33,78 @@ import weakref
 from typing import Any
 
 from ..base import DesktopError, Window
-from .config import (DEFAULT_DOMAIN_XML, GUEST_PATH, GUEST_PYTHON, BaseImageError, DomainBootError, GuestAgentError,
-                     GuestHttpError, LibvirtConfig, LibvirtConnectError, LibvirtMissingError, _libvirt,
-                     host_files_are_local, is_local_uri)
+from .config import (
+    DEFAULT_DOMAIN_XML,
+    GUEST_PATH,
+    GUEST_PYTHON,
+    BaseImageError,
+    DomainBootError,
+    GuestAgentError,
+    GuestHttpError,
+    LibvirtConfig,
+    LibvirtConnectError,
+    LibvirtMissingError,
+    _libvirt,
+    host_files_are_local,
+    is_local_uri,
+)
 from .domain import DomainMixin, _image_size
-from .guest import (A11Y_SOURCE, HTTP_GET_SCRIPT, HTTP_GET_START, MAX_ARG_STRLEN, GuestA11y, GuestMixin,
-                    GuestProcess, check_http_path, parse_wmctrl, reader_argv)
+from .guest import (
+    A11Y_SOURCE,
+    HTTP_GET_SCRIPT,
+    HTTP_GET_START,
+    MAX_ARG_STRLEN,
+    GuestA11y,
+    GuestMixin,
+    GuestProcess,
+    check_http_path,
+    parse_wmctrl,
+    reader_argv,
+)
 from .guest_http import GuestServerError, HttpProcess, OSWorldGuest
 from .input import ABS_MAX, SHIFT, InputMixin, Keys, Step, key_chord, plan_input
 from .screen import ScreenMixin, decode_screenshot
 from .watchdog import _start_watchdog, destroy_domain
 
 __all__ = [  # what `from coda_env.backends.libvirt import ...` offers (and the tests' _image_size, _start_watchdog)
-    "A11Y_SOURCE", "ABS_MAX", "DEFAULT_DOMAIN_XML", "GUEST_PATH", "GUEST_PYTHON", "HTTP_GET_SCRIPT",
-    "HTTP_GET_START", "MAX_ARG_STRLEN", "SHIFT", "BaseImageError", "DesktopError", "DomainBootError", "GuestA11y",
-    "GuestAgentError", "GuestHttpError",
-    "GuestProcess", "GuestServerError", "HttpProcess", "Keys", "LibvirtConfig", "LibvirtConnectError",
-    "LibvirtDesktop", "LibvirtMissingError", "OSWorldGuest", "Step", "Window", "check_http_path",
-    "decode_screenshot", "destroy_domain", "host_files_are_local", "is_local_uri", "key_chord", "parse_wmctrl",
-    "make_desktop", "plan_input", "reader_argv", "_image_size", "_start_watchdog",
+    "A11Y_SOURCE",
+    "ABS_MAX",
+    "DEFAULT_DOMAIN_XML",
+    "GUEST_PATH",
+    "GUEST_PYTHON",
+    "HTTP_GET_SCRIPT",
+    "HTTP_GET_START",
+    "MAX_ARG_STRLEN",
+    "SHIFT",
+    "BaseImageError",
+    "DesktopError",
+    "DomainBootError",
+    "GuestA11y",
+    "GuestAgentError",
+    "GuestHttpError",
+    "GuestProcess",
+    "GuestServerError",
+    "HttpProcess",
+    "Keys",
+    "LibvirtConfig",
+    "LibvirtConnectError",
+    "LibvirtDesktop",
+    "LibvirtMissingError",
+    "OSWorldGuest",
+    "Step",
+    "Window",
+    "check_http_path",
+    "decode_screenshot",
+    "destroy_domain",
+    "host_files_are_local",
+    "is_local_uri",
+    "key_chord",
+    "parse_wmctrl",
+    "make_desktop",
+    "plan_input",
+    "reader_argv",
+    "_image_size",
+    "_start_watchdog",
 ]
 
 
@@ -59,8 +113,8 @@ class LibvirtDesktop(DomainMixin, GuestMixin, InputMixin, ScreenMixin):
     guest agent for commands and files."""
 
     capabilities = frozenset({"snapshots", "a11y"})
-    tmpdir = None                       # the guest's files are not this machine's
-    app_timeout = 300.0                 # the config's app_timeout replaces it per desktop
+    tmpdir = None  # the guest's files are not this machine's
+    app_timeout = 300.0  # the config's app_timeout replaces it per desktop
     """What this backend offers beyond the Desktop protocol (the env reads this instead of probing):
     snapshots (`checkpoint`, and `reset` reverting to it) and a11y (`a11y()` reads app state in the guest)."""
 

@@ -1,4 +1,5 @@
 """`python -m coda_env.backends.libvirt --watchdog URI NAME POOL VOLUME`: the watchdog process (watchdog.py)."""
+
 import sys
 
 from .watchdog import _watchdog_main

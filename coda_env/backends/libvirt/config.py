@@ -1,5 +1,6 @@
 """The libvirt backend's configuration, its error classes, and the lazy import of libvirt-python (shared
 by every module of the package; nothing here talks to libvirt)."""
+
 from __future__ import annotations
 
 import os
@@ -45,13 +46,15 @@ def _libvirt() -> tuple[Any, Any]:
     except ImportError as e:
         raise LibvirtMissingError(
             f"the libvirt backend needs libvirt-python ({e}): pip install 'coda[vm]' (building it needs the "
-            "apt packages libvirt-dev and pkg-config; `make setup` installs both)") from None
+            "apt packages libvirt-dev and pkg-config; `make setup` installs both)"
+        ) from None
     libvirt.registerErrorHandler(_quiet, None)  # errors come back as exceptions; don't also print them
     return libvirt, libvirt_qemu
 
 
 def _quiet(_ctx: object, _err: object) -> None:
     return None
+
 
 # ----------------------------------------------------------------------------------------- config
 
@@ -96,45 +99,55 @@ session, which the "http" transport's server inherits)."""
 @dataclass
 class LibvirtConfig:
     """Where and how to build the VM. Paths (base_image, overlay_dir) are on the libvirt host."""
+
     uri: str = "qemu:///system"
     base_image: str = field(default_factory=lambda: os.environ.get("CODA_VM_IMAGE", ""))
-                                        # default: $CODA_VM_IMAGE (what `make vm-test` sets)
+    # default: $CODA_VM_IMAGE (what `make vm-test` sets)
     base_format: str = "qcow2"
-    domain_xml: str | None = None       # template text, or a local file holding it; None: the domain.xml
-                                        # beside a local base image (build.sh writes one), else
-                                        # DEFAULT_DOMAIN_XML
+    domain_xml: str | None = None  # template text, or a local file holding it; None: the domain.xml
+    # beside a local base image (build.sh writes one), else
+    # DEFAULT_DOMAIN_XML
     width: int = 1280
     height: int = 800
     memory_mib: int = 2048
     vcpus: int = 2
-    domain_type: str = "qemu"           # software emulation (nested KVM hangs here); "kvm" on real hosts
+    domain_type: str = "qemu"  # software emulation (nested KVM hangs here); "kvm" on real hosts
     snapshot: str = "coda-ready"
-    pool: str = "default"               # storage pool that holds the overlays
+    pool: str = "default"  # storage pool that holds the overlays
     overlay_dir: str = "/var/lib/libvirt/images/coda"  # a local URI's pool path, when the pool is missing
     name_prefix: str = "coda"
-    boot_timeout: float = 900.0         # first boot under TCG is slow
+    boot_timeout: float = 900.0  # first boot under TCG is slow
     revert_timeout: float = 120.0
-    revert_mode: str = "loadvm"         # "loadvm": HMP loadvm inside the running QEMU (measured 1-3 s under
-                                        # TCG); "libvirt": virDomainRevertToSnapshot, which in libvirt 9
-                                        # restarts QEMU with -loadvm (4-10 s). loadvm falls back to libvirt.
-    agent_timeout: float = 10.0         # one guest agent command
-    app_timeout: float = 300.0          # an app's start in the guest (CodaEnv's ready_timeout): 30 s under TCG
-    wait_for_agent: bool = True         # False only for drivers without an agent (libvirt's test driver)
+    revert_mode: str = "loadvm"  # "loadvm": HMP loadvm inside the running QEMU (measured 1-3 s under
+    # TCG); "libvirt": virDomainRevertToSnapshot, which in libvirt 9
+    # restarts QEMU with -loadvm (4-10 s). loadvm falls back to libvirt.
+    agent_timeout: float = 10.0  # one guest agent command
+    app_timeout: float = 300.0  # an app's start in the guest (CodaEnv's ready_timeout): 30 s under TCG
+    wait_for_agent: bool = True  # False only for drivers without an agent (libvirt's test driver)
     ready_command: tuple[str, ...] = ("wmctrl", "-m")  # succeeds once the window manager is up
-    guest_env: dict[str, str] = field(default_factory=lambda: {
-        "DISPLAY": ":0", "HOME": "/root", "PATH": GUEST_PATH, "XDG_RUNTIME_DIR": "/run/user/0",
-        "LANG": "C.UTF-8", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/coda/bus",  # vm_images/guest/xinitrc
-        "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1", "QT_ACCESSIBILITY": "1", "GTK_MODULES": "gail:atk-bridge"})
-    a11y: bool = True                   # before the snapshot: wait until the AT-SPI bus answers the reader
-    guest_python: str = GUEST_PYTHON    # the interpreter that runs the readers sent to the guest
-    guest: str = "agent"                # how commands and files reach the guest: "agent" (the QEMU guest
-                                        # agent, our image) or "http" (an OSWorld-style server, e.g.
-                                        # ScienceBoard's image; backends/libvirt/guest_http.py)
-    guest_url: str | None = None        # "http": the server's URL; None: the domain's DHCP lease + guest_port
+    guest_env: dict[str, str] = field(
+        default_factory=lambda: {
+            "DISPLAY": ":0",
+            "HOME": "/root",
+            "PATH": GUEST_PATH,
+            "XDG_RUNTIME_DIR": "/run/user/0",
+            "LANG": "C.UTF-8",
+            "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/coda/bus",  # vm_images/guest/xinitrc
+            "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1",
+            "QT_ACCESSIBILITY": "1",
+            "GTK_MODULES": "gail:atk-bridge",
+        }
+    )
+    a11y: bool = True  # before the snapshot: wait until the AT-SPI bus answers the reader
+    guest_python: str = GUEST_PYTHON  # the interpreter that runs the readers sent to the guest
+    guest: str = "agent"  # how commands and files reach the guest: "agent" (the QEMU guest
+    # agent, our image) or "http" (an OSWorld-style server, e.g.
+    # ScienceBoard's image; backends/libvirt/guest_http.py)
+    guest_url: str | None = None  # "http": the server's URL; None: the domain's DHCP lease + guest_port
     guest_port: int = 5000
-    resize: bool = True                 # resize screenshots of another size (else DesktopError)
-    key_hold_ms: int = 10               # how long sendKey holds a chord (QEMU's default is 100 ms)
-    native_hscroll: bool = False        # QMP wheel-left/right (QEMU >= 8.1); else shift + wheel
+    resize: bool = True  # resize screenshots of another size (else DesktopError)
+    key_hold_ms: int = 10  # how long sendKey holds a chord (QEMU's default is 100 ms)
+    native_hscroll: bool = False  # QMP wheel-left/right (QEMU >= 8.1); else shift + wheel
     watchdog: bool = True
 
 
@@ -149,7 +162,6 @@ def host_files_are_local(uri: str) -> bool:
     """True when paths on the libvirt host are paths on this machine: a local URI of a real driver (the
     test driver's storage paths are its own fiction)."""
     return is_local_uri(uri) and not uri.startswith("test:")
-
 
 
 def _code(e: BaseException) -> int | None:

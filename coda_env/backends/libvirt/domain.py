@@ -1,6 +1,7 @@
 """The domain's lifecycle: the overlay on the base image (through libvirt's storage-volume API, so the base
 is never written and remote URIs work unchanged), define + boot, waiting until the desktop is ready, the
 snapshots (with memory), reverting to them, and removing it all again."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,15 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from ..base import DesktopError, backoff
-from .config import (DEFAULT_DOMAIN_XML, BaseImageError, DomainBootError, LibvirtConfig, LibvirtConnectError,
-                     host_files_are_local, is_local_uri)
+from .config import (
+    DEFAULT_DOMAIN_XML,
+    BaseImageError,
+    DomainBootError,
+    LibvirtConfig,
+    LibvirtConnectError,
+    host_files_are_local,
+    is_local_uri,
+)
 from .watchdog import _cleanup, _start_watchdog
 
 
@@ -35,8 +43,9 @@ class DomainMixin:
         self.volume = f"{self.name}.qcow2"
         if self.config.watchdog:
             self._watchdog = _start_watchdog(self.config.uri, self.name, self.config.pool, self.volume)
-        self._finalizer = weakref.finalize(self, _cleanup, self.config.uri, self.name, self.config.pool,
-                                           self.volume, self._watchdog)
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self.config.uri, self.name, self.config.pool, self.volume, self._watchdog
+        )
         try:
             base, capacity = self._find_base()
             overlay = self._create_overlay(base, capacity)
@@ -64,8 +73,9 @@ class DomainMixin:
             try:
                 self._dom.revertToSnapshot(self._snapshot, self._lv.VIR_DOMAIN_SNAPSHOT_REVERT_RUNNING)
             except self._lv.libvirtError as e:
-                raise DesktopError(f"cannot revert domain {self.name} to snapshot {self._snapshot.getName()!r}: "
-                                   f"{e}") from None
+                raise DesktopError(
+                    f"cannot revert domain {self.name} to snapshot {self._snapshot.getName()!r}: {e}"
+                ) from None
         self._pointer = self._snapshot_pointer
         for proc in self._procs:  # the guest's processes are those of the snapshot again
             proc.returncode = None if proc.in_snapshot else -signal.SIGKILL
@@ -80,8 +90,9 @@ class DomainMixin:
         libvirt."""
         if not self.alive():
             return False
-        cmd = json.dumps({"execute": "human-monitor-command",
-                          "arguments": {"command-line": f"loadvm {self._snapshot.getName()}"}})
+        cmd = json.dumps(
+            {"execute": "human-monitor-command", "arguments": {"command-line": f"loadvm {self._snapshot.getName()}"}}
+        )
         try:
             reply = json.loads(self._lvq.qemuMonitorCommand(self._dom, cmd, 0))
         except (self._lv.libvirtError, ValueError):
@@ -124,21 +135,27 @@ class DomainMixin:
         try:
             return self._lv.open(uri)
         except self._lv.libvirtError as e:
-            hint = ("start the daemon: `make vm-setup` (as root), `/usr/sbin/libvirtd -d` or "
-                    "`systemctl start libvirtd`"
-                    if is_local_uri(uri) else "check that libvirtd runs on that host and that the URI and "
-                                              "its transport (ssh keys, TLS) are right")
-            raise LibvirtConnectError(f"cannot connect to libvirt at {uri!r}: {e}. Is libvirtd running? "
-                                      f"{hint}; or pass another uri in backend_options") from None
+            hint = (
+                "start the daemon: `make vm-setup` (as root), `/usr/sbin/libvirtd -d` or `systemctl start libvirtd`"
+                if is_local_uri(uri)
+                else "check that libvirtd runs on that host and that the URI and "
+                "its transport (ssh keys, TLS) are right"
+            )
+            raise LibvirtConnectError(
+                f"cannot connect to libvirt at {uri!r}: {e}. Is libvirtd running? "
+                f"{hint}; or pass another uri in backend_options"
+            ) from None
 
     def _find_base(self) -> tuple[str, int]:
         """The base image's path and capacity in bytes, looked up through libvirt's storage pools (so it
         works on a remote host), or on the local disk for a local URI."""
         base, lv = self.config.base_image, self._lv
         if not base:
-            raise BaseImageError("no base image configured: pass backend_options={'base_image': "
-                                 "'/path/on/the/libvirt/host/coda-debian12.qcow2'} or set CODA_VM_IMAGE "
-                                 "(`make vm-image` builds one)")
+            raise BaseImageError(
+                "no base image configured: pass backend_options={'base_image': "
+                "'/path/on/the/libvirt/host/coda-debian12.qcow2'} or set CODA_VM_IMAGE "
+                "(`make vm-image` builds one)"
+            )
         try:
             vol = self._conn.storageVolLookupByPath(base)
             return base, int(vol.info()[1])
@@ -147,10 +164,14 @@ class DomainMixin:
         if host_files_are_local(self.config.uri):
             if os.path.isfile(base):
                 return base, _image_size(base, self.config.base_format)
-            raise BaseImageError(f"the base image {base} does not exist: build it with `make vm-image` or "
-                                 f"point base_image at an existing qcow2")
-        raise BaseImageError(f"the base image {base} is in no storage pool at {self.config.uri}: copy it to "
-                             f"the libvirt host into a pool's directory and run `virsh pool-refresh POOL`")
+            raise BaseImageError(
+                f"the base image {base} does not exist: build it with `make vm-image` or "
+                f"point base_image at an existing qcow2"
+            )
+        raise BaseImageError(
+            f"the base image {base} is in no storage pool at {self.config.uri}: copy it to "
+            f"the libvirt host into a pool's directory and run `virsh pool-refresh POOL`"
+        )
 
     def _pool(self) -> Any:
         lv, name = self._lv, self.config.pool
@@ -161,10 +182,13 @@ class DomainMixin:
                 raise DomainBootError(
                     f"no storage pool {name!r} at {self.config.uri} for the overlays: create one there "
                     f"(`virsh pool-define-as {name} dir --target /var/lib/libvirt/images && virsh pool-start "
-                    f"{name}`) or pass pool=...") from None
+                    f"{name}`) or pass pool=..."
+                ) from None
             os.makedirs(self.config.overlay_dir, exist_ok=True)
-            xml = (f"<pool type='dir'><name>{escape(name)}</name><target><path>"
-                   f"{escape(self.config.overlay_dir)}</path></target></pool>")
+            xml = (
+                f"<pool type='dir'><name>{escape(name)}</name><target><path>"
+                f"{escape(self.config.overlay_dir)}</path></target></pool>"
+            )
             try:
                 pool = self._conn.storagePoolCreateXML(xml, 0)
             except lv.libvirtError:  # another env created it meanwhile
@@ -175,14 +199,17 @@ class DomainMixin:
 
     def _create_overlay(self, base: str, capacity: int) -> str:
         """A new qcow2 volume backed by the base: the VM writes there, the base is only read."""
-        xml = (f"<volume><name>{escape(self.volume or '')}</name><capacity unit='bytes'>{capacity}</capacity>"
-               f"<target><format type='qcow2'/></target><backingStore><path>{escape(base)}</path>"
-               f"<format type={quoteattr(self.config.base_format)}/></backingStore></volume>")
+        xml = (
+            f"<volume><name>{escape(self.volume or '')}</name><capacity unit='bytes'>{capacity}</capacity>"
+            f"<target><format type='qcow2'/></target><backingStore><path>{escape(base)}</path>"
+            f"<format type={quoteattr(self.config.base_format)}/></backingStore></volume>"
+        )
         try:
             return str(self._pool().createXML(xml, 0).path())
         except self._lv.libvirtError as e:
-            raise DomainBootError(f"cannot create the overlay disk {self.volume} in pool {self.config.pool!r} "
-                                  f"at {self.config.uri}: {e}") from None
+            raise DomainBootError(
+                f"cannot create the overlay disk {self.volume} in pool {self.config.pool!r} at {self.config.uri}: {e}"
+            ) from None
 
     def domain_xml(self, overlay: str) -> str:
         """The domain XML for this desktop: the configured template filled in."""
@@ -193,13 +220,21 @@ class DomainMixin:
         cpu = "<cpu mode='host-passthrough'/>" if c.domain_type == "kvm" else ""
         try:
             return Template(text).substitute(
-                name=escape(self.name or ""), domain_type=escape(c.domain_type), memory_mib=int(c.memory_mib),
-                vcpus=int(c.vcpus), cpu=cpu, overlay=quoteattr(overlay), width=int(c.width),
-                height=int(c.height))
+                name=escape(self.name or ""),
+                domain_type=escape(c.domain_type),
+                memory_mib=int(c.memory_mib),
+                vcpus=int(c.vcpus),
+                cpu=cpu,
+                overlay=quoteattr(overlay),
+                width=int(c.width),
+                height=int(c.height),
+            )
         except (KeyError, ValueError) as e:
-            raise DomainBootError(f"the domain XML template has an unknown or malformed placeholder: {e}; "
-                                  f"known: $name $domain_type $memory_mib $vcpus $cpu $overlay $width "
-                                  f"$height") from None
+            raise DomainBootError(
+                f"the domain XML template has an unknown or malformed placeholder: {e}; "
+                f"known: $name $domain_type $memory_mib $vcpus $cpu $overlay $width "
+                f"$height"
+            ) from None
 
     def _boot(self, xml: str) -> Any:
         lv = self._lv
@@ -210,10 +245,15 @@ class DomainMixin:
         try:
             dom.create()
         except lv.libvirtError as e:
-            hint = (" (domain_type='kvm' needs a working /dev/kvm on the host; use 'qemu' for software "
-                    "emulation)" if self.config.domain_type == "kvm" else "")
-            raise DomainBootError(f"domain {self.name} failed to start: {e}{hint}; QEMU's log is "
-                                  f"/var/log/libvirt/qemu/{self.name}.log on the libvirt host") from None
+            hint = (
+                " (domain_type='kvm' needs a working /dev/kvm on the host; use 'qemu' for software emulation)"
+                if self.config.domain_type == "kvm"
+                else ""
+            )
+            raise DomainBootError(
+                f"domain {self.name} failed to start: {e}{hint}; QEMU's log is "
+                f"/var/log/libvirt/qemu/{self.name}.log on the libvirt host"
+            ) from None
         return dom
 
     def _boot_failed(self) -> None:
@@ -223,8 +263,10 @@ class DomainMixin:
         except self._lv.libvirtError as e:
             raise DomainBootError(f"domain {self.name} vanished while booting: {e}") from None
         if state in (self._lv.VIR_DOMAIN_SHUTOFF, self._lv.VIR_DOMAIN_CRASHED, self._lv.VIR_DOMAIN_SHUTDOWN):
-            raise DomainBootError(f"domain {self.name} stopped while booting (state {state}, reason {reason}); "
-                                  f"see /var/log/libvirt/qemu/{self.name}.log on the libvirt host")
+            raise DomainBootError(
+                f"domain {self.name} stopped while booting (state {state}, reason {reason}); "
+                f"see /var/log/libvirt/qemu/{self.name}.log on the libvirt host"
+            )
 
     def _wait_ready(self, deadline: float) -> None:
         self._boot_failed()
@@ -250,15 +292,18 @@ class DomainMixin:
                     raise DomainBootError(
                         f"domain {self.name} booted but its desktop was not ready within "
                         f"{self.config.boot_timeout:.0f}s: {list(self.config.ready_command)} kept failing "
-                        f"({last.strip()}); check the image's auto-login X session")
+                        f"({last.strip()}); check the image's auto-login X session"
+                    )
                 time.sleep(pause)
 
     def _save_snapshot(self, name: str | None = None, description: str = "desktop ready") -> None:
         """Save the current state, memory included (an internal qcow2 snapshot of the overlay), as the one
         `reset` reverts to."""
         name = name or self.config.snapshot
-        xml = (f"<domainsnapshot><name>{escape(name)}</name>"
-               f"<description>coda: {escape(description)}</description></domainsnapshot>")
+        xml = (
+            f"<domainsnapshot><name>{escape(name)}</name>"
+            f"<description>coda: {escape(description)}</description></domainsnapshot>"
+        )
         try:
             self._snapshot = self._dom.snapshotCreateXML(xml, 0)
         except self._lv.libvirtError as e:

@@ -5,6 +5,7 @@ trees by running coda_env/a11y.py in the guest (`GuestA11y`); `http_get` to a se
 The readers the host runs in the guest (a11y.py, HTTP_GET_SCRIPT) travel with each call as the program text
 of `python3 -I -c SOURCE ARGS...` (`reader_argv`): no copy of them is left in the guest between calls, where
 the guest's user could replace it and forge the state the checks read."""
+
 from __future__ import annotations
 
 import base64
@@ -78,8 +79,10 @@ def reader_argv(python: str, source: str, args: Sequence[str]) -> list[str]:
     on sys.path (a server's cwd may be the user's home), no user site-packages (usercustomize), no PYTHON*
     variables; only the interpreter and the system's library (jeepney from python3-jeepney) are the guest's."""
     if len(source.encode()) >= MAX_ARG_STRLEN:
-        raise ValueError(f"a reader's source is {len(source.encode())} bytes, over the {MAX_ARG_STRLEN}-byte limit of "
-                         f"one argument in the guest")
+        raise ValueError(
+            f"a reader's source is {len(source.encode())} bytes, over the {MAX_ARG_STRLEN}-byte limit of "
+            f"one argument in the guest"
+        )
     return [python, "-I", "-c", source, *[str(a) for a in args]]
 
 
@@ -115,10 +118,11 @@ _HTTP_PATH = re.compile(r"/(?:[A-Za-z0-9\-._~/?=&+,:;@]|%[0-9A-Fa-f]{2})*")
 def check_http_path(path: str) -> str:
     """`path` when it is a URL path (and query) of safe characters only: letters, digits, `-._~/?=&+,:;@`
     and %XX escapes, starting with one '/'; else ValueError. Quote queries with urllib.parse.quote/urlencode."""
-    if (not isinstance(path, str) or len(path) > 8192 or path.startswith("//")
-            or not _HTTP_PATH.fullmatch(path)):
-        raise ValueError(f"http_get needs a URL path that starts with '/' and holds only letters, digits, "
-                         f"-._~/?=&+,:;@ and %XX escapes (quote the query with urllib.parse.quote): {path!r}")
+    if not isinstance(path, str) or len(path) > 8192 or path.startswith("//") or not _HTTP_PATH.fullmatch(path):
+        raise ValueError(
+            f"http_get needs a URL path that starts with '/' and holds only letters, digits, "
+            f"-._~/?=&+,:;@ and %XX escapes (quote the query with urllib.parse.quote): {path!r}"
+        )
     return path
 
 
@@ -136,8 +140,13 @@ class GuestA11y:
     def __init__(self, desktop: "LibvirtDesktop", address: str, timeout: float = 30.0, python: str = GUEST_PYTHON):
         self.desktop, self.address, self.timeout, self.python = desktop, address, timeout, python
 
-    def app_tree(self, name: str, skip_roles: frozenset[str] = frozenset(), texts: bool = False,
-                 details_roles: frozenset[str] = frozenset()) -> Node | None:
+    def app_tree(
+        self,
+        name: str,
+        skip_roles: frozenset[str] = frozenset(),
+        texts: bool = False,
+        details_roles: frozenset[str] = frozenset(),
+    ) -> Node | None:
         args = ["tree", self.address, name]
         for role in sorted(skip_roles):
             args += ["--skip", role]
@@ -153,23 +162,32 @@ class GuestA11y:
         try:
             p = self.desktop.run(reader_argv(self.python, A11Y_SOURCE, args), timeout=self.timeout)
         except FileNotFoundError:
-            raise A11yError(f"{self.python} is not installed in the guest image (vm_images/build.sh installs it "
-                            f"with python3-jeepney)") from None
+            raise A11yError(
+                f"{self.python} is not installed in the guest image (vm_images/build.sh installs it "
+                f"with python3-jeepney)"
+            ) from None
         except subprocess.TimeoutExpired:
-            raise A11yError(f"reading {name}'s accessibility tree in the guest took over {self.timeout:.0f}s"
-                            ) from None
+            raise A11yError(f"reading {name}'s accessibility tree in the guest took over {self.timeout:.0f}s") from None
         if p.returncode != 0:
-            raise A11yError(f"the guest's a11y reader failed (exit {p.returncode}): "
-                            f"{p.stderr.decode(errors='replace').strip()[-400:]}")
+            raise A11yError(
+                f"the guest's a11y reader failed (exit {p.returncode}): "
+                f"{p.stderr.decode(errors='replace').strip()[-400:]}"
+            )
         try:
             return json.loads(p.stdout)
         except ValueError as e:
             what = "tree" if args[0] == "tree" else "rows"
             raise A11yError(f"the guest's a11y reader printed no JSON {what} ({e})") from None
 
-    def showing_rows(self, name: str, max_nodes: int, text_roles: frozenset[str] = frozenset(),
-                     unlisted: frozenset[str] = frozenset(), skip_roles: frozenset[str] = frozenset(),
-                     text_limit: int = 2000) -> list[tuple] | None:
+    def showing_rows(
+        self,
+        name: str,
+        max_nodes: int,
+        text_roles: frozenset[str] = frozenset(),
+        unlisted: frozenset[str] = frozenset(),
+        skip_roles: frozenset[str] = frozenset(),
+        text_limit: int = 2000,
+    ) -> list[tuple] | None:
         """The guest's reader's `showing` command (a11y.py, sent with the call)."""
         args = ["showing", self.address, name, "--max", str(int(max_nodes)), "--text-limit", str(int(text_limit))]
         for flag, roles in (("--text", text_roles), ("--unlisted", unlisted), ("--skip", skip_roles)):
@@ -178,24 +196,35 @@ class GuestA11y:
         data = self._read(args, name)
         if data is None:
             return None
-        return [(int(d), str(r), str(n), t if isinstance(t, str) else None,
-                 tuple(int(v) for v in e) if e else None, [str(x) for x in st])
-                for d, r, n, t, e, st in data]
+        return [
+            (
+                int(d),
+                str(r),
+                str(n),
+                t if isinstance(t, str) else None,
+                tuple(int(v) for v in e) if e else None,
+                [str(x) for x in st],
+            )
+            for d, r, n, t, e, st in data
+        ]
 
     def states(self, node: Node) -> set[str]:
         if node.states is None:
-            raise A11yError(f"the states of {node.role} {node.name!r} were not read: pass its role in "
-                            f"app_tree's details_roles")
+            raise A11yError(
+                f"the states of {node.role} {node.name!r} were not read: pass its role in app_tree's details_roles"
+            )
         return set(node.states)
 
     def extents(self, node: Node) -> tuple[int, int, int, int] | None:
         if node.states is None:  # read together with the states
-            raise A11yError(f"the extents of {node.role} {node.name!r} were not read: pass its role in "
-                            f"app_tree's details_roles")
+            raise A11yError(
+                f"the extents of {node.role} {node.name!r} were not read: pass its role in app_tree's details_roles"
+            )
         return node.extents
 
     def close(self) -> None:
         pass
+
 
 class GuestMixin:
     """`LibvirtDesktop`'s guest transport: waiting for it, commands, programs, files, app state."""
@@ -216,7 +245,9 @@ class GuestMixin:
             return GuestAgentError(
                 f"the HTTP server in {self.name} did not answer ({where}): the image must run an "
                 f"OSWorld-style server on port {self.config.guest_port}, and the domain XML needs a network "
-                f"interface (vm_images/scienceboard.xml.in) or pass guest_url")
+                f"interface (vm_images/scienceboard.xml.in) or pass guest_url"
+            )
+
         poll_until(deadline, answered, timeout, 0.2, 2.0)
 
     def _lease_url(self) -> str | None:
@@ -250,7 +281,9 @@ class GuestMixin:
             return GuestAgentError(
                 f"the QEMU guest agent in {self.name} did not answer within "
                 f"{self.config.boot_timeout:.0f}s ({last[0] if last else 'no answer'}): install and enable "
-                f"qemu-guest-agent in the image and keep the org.qemu.guest_agent.0 channel in the domain XML")
+                f"qemu-guest-agent in the image and keep the org.qemu.guest_agent.0 channel in the domain XML"
+            )
+
         poll_until(deadline, answered, timeout, 0.1, 2.0)
 
     def _prepare_a11y(self, deadline: float) -> None:
@@ -265,8 +298,10 @@ class GuestMixin:
             try:
                 p = self.run(argv, timeout=60)
             except FileNotFoundError:
-                raise DomainBootError(f"the guest image has no {self.config.guest_python}, which reading app "
-                                      f"state needs: rebuild it with `make vm-image`, or pass a11y=False") from None
+                raise DomainBootError(
+                    f"the guest image has no {self.config.guest_python}, which reading app "
+                    f"state needs: rebuild it with `make vm-image`, or pass a11y=False"
+                ) from None
             except subprocess.TimeoutExpired:  # a first Python start under TCG can be slow: poll on
                 p = subprocess.CompletedProcess([], 124, b"", b"the a11y reader took over 60 s")
             if p.returncode == 0:
@@ -278,7 +313,8 @@ class GuestMixin:
                     f"the accessibility bus in {self.name} did not come up ({last}): the image needs "
                     f"python3-jeepney (installed system-wide: the reader runs isolated, `-I`, without the user's "
                     f"site-packages) and an AT-SPI bus at {address} (vm_images/guest/xinitrc); rebuild it with "
-                    f"`make vm-image`, or pass a11y=False")
+                    f"`make vm-image`, or pass a11y=False"
+                )
             time.sleep(pause)
 
     def _bus_address(self) -> str | None:
@@ -291,8 +327,10 @@ class GuestMixin:
         """The apps' accessibility trees, read in the guest (see `GuestA11y`)."""
         address = self._bus_address()
         if not address:
-            raise DesktopError("guest_env has no DBUS_SESSION_BUS_ADDRESS: the guest's accessibility bus is "
-                               "unknown (the image's xinitrc puts it at unix:path=/run/coda/bus)")
+            raise DesktopError(
+                "guest_env has no DBUS_SESSION_BUS_ADDRESS: the guest's accessibility bus is "
+                "unknown (the image's xinitrc puts it at unix:path=/run/coda/bus)"
+            )
         return GuestA11y(self, address, python=self.config.guest_python)
 
     def windows(self) -> list[Window]:
@@ -300,8 +338,9 @@ class GuestMixin:
         try:
             p = self.run(["wmctrl", "-lGx"], timeout=10)
         except FileNotFoundError:
-            raise DesktopError("wmctrl is not installed in the guest image (the vm_images recipe installs "
-                               "it); windows() needs it") from None
+            raise DesktopError(
+                "wmctrl is not installed in the guest image (the vm_images recipe installs it); windows() needs it"
+            ) from None
         return parse_wmctrl(p.stdout.decode(errors="replace")) if p.returncode == 0 else []
 
     # ------------------------------------------------------------------------------ guest agent
@@ -319,12 +358,20 @@ class GuestMixin:
         except lv.libvirtError as e:
             code = _code(e)
             if code == lv.VIR_ERR_NO_SUPPORT:
-                why = (f"this libvirt driver ({self.config.uri}) has no QEMU guest agent; use a qemu:// URI, "
-                       f"or wait_for_agent=False and no run/read_file/write_file")
-            elif code in (lv.VIR_ERR_AGENT_UNRESPONSIVE, lv.VIR_ERR_AGENT_UNSYNCED,
-                          lv.VIR_ERR_ARGUMENT_UNSUPPORTED, lv.VIR_ERR_OPERATION_INVALID):
-                why = ("the guest agent is silent: is qemu-guest-agent installed and running in the image, "
-                       "and does the domain XML keep the org.qemu.guest_agent.0 channel?")
+                why = (
+                    f"this libvirt driver ({self.config.uri}) has no QEMU guest agent; use a qemu:// URI, "
+                    f"or wait_for_agent=False and no run/read_file/write_file"
+                )
+            elif code in (
+                lv.VIR_ERR_AGENT_UNRESPONSIVE,
+                lv.VIR_ERR_AGENT_UNSYNCED,
+                lv.VIR_ERR_ARGUMENT_UNSUPPORTED,
+                lv.VIR_ERR_OPERATION_INVALID,
+            ):
+                why = (
+                    "the guest agent is silent: is qemu-guest-agent installed and running in the image, "
+                    "and does the domain XML keep the org.qemu.guest_agent.0 channel?"
+                )
             else:
                 why = "the agent refused it"
             raise GuestAgentError(f"guest agent command {command} in {self.name} failed: {e} ({why})") from e
@@ -335,8 +382,12 @@ class GuestMixin:
             raise ValueError("empty command")
         full = dict(self.config.guest_env)
         full.update(env or {})
-        args = {"path": str(argv[0]), "arg": [str(a) for a in argv[1:]],
-                "env": [f"{k}={v}" for k, v in full.items()], "capture-output": capture}
+        args = {
+            "path": str(argv[0]),
+            "arg": [str(a) for a in argv[1:]],
+            "env": [f"{k}={v}" for k, v in full.items()],
+            "capture-output": capture,
+        }
         try:
             return int(self._agent("guest-exec", args)["pid"])
         except GuestAgentError as e:
@@ -347,8 +398,9 @@ class GuestMixin:
     def _exec_status(self, pid: int) -> dict[str, Any]:
         return self._agent("guest-exec-status", {"pid": pid})
 
-    def run(self, argv: Sequence[str], timeout: float = 30.0, *,
-            writable: Sequence[str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str], timeout: float = 30.0, *, writable: Sequence[str] | None = None
+    ) -> subprocess.CompletedProcess:
         """Run a command in the guest to completion, with its output (like subprocess.run). `writable`
         changes nothing here: the VM is the sandbox."""
         self._check()
@@ -371,14 +423,17 @@ class GuestMixin:
             time.sleep(pause)
         raise AssertionError("unreachable")
 
-    def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
-              log: str | None = None) -> GuestProcess:  # type: ignore[override]
+    def spawn(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None, log: str | None = None
+    ) -> GuestProcess:  # type: ignore[override]
         """Start a program in the guest in a session of its own; returns a Popen-like `GuestProcess`.
 
         `cwd` is created in the guest when missing (adapters pass a profile folder named on the host)."""
         self._check()
-        script = ('d=$1; l=$2; shift 2; mkdir -p "$d" && cd "$d" || exit 126; '
-                  'if [ -n "$l" ]; then exec "$@" >>"$l" 2>&1; else exec "$@" >/dev/null 2>&1; fi')
+        script = (
+            'd=$1; l=$2; shift 2; mkdir -p "$d" && cd "$d" || exit 126; '
+            'if [ -n "$l" ]; then exec "$@" >>"$l" 2>&1; else exec "$@" >/dev/null 2>&1; fi'
+        )
         wrapped = ["setsid", "sh", "-c", script, "sh", cwd or "/", log or "", *argv]
         if self._http is not None:  # the server's own environment is the session's; add the toolkits' switches
             switches = {k: v for k, v in self.config.guest_env.items() if k.startswith("QT_") or k == "GTK_MODULES"}
@@ -424,8 +479,10 @@ class GuestMixin:
         handle = self._file_open(path, "w")
         try:
             for i in range(0, len(data), 1 << 20):
-                self._agent("guest-file-write", {"handle": handle,
-                                                 "buf-b64": base64.b64encode(data[i:i + (1 << 20)]).decode()})
+                self._agent(
+                    "guest-file-write",
+                    {"handle": handle, "buf-b64": base64.b64encode(data[i : i + (1 << 20)]).decode()},
+                )
         finally:
             self._agent("guest-file-close", {"handle": handle})
 
@@ -453,30 +510,38 @@ class GuestMixin:
             raise ValueError(f"http_get timeout must be positive, not {timeout!r}")
         url = f"http://127.0.0.1:{port}{check_http_path(path)}"
         try:
-            p = self.run(reader_argv(self.config.guest_python, HTTP_GET_SCRIPT, [url, repr(float(timeout))]),
-                         timeout=timeout + HTTP_GET_START)
+            p = self.run(
+                reader_argv(self.config.guest_python, HTTP_GET_SCRIPT, [url, repr(float(timeout))]),
+                timeout=timeout + HTTP_GET_START,
+            )
         except FileNotFoundError:
-            raise GuestHttpError(f"GET {url} in {self.name}: the guest image has no {self.config.guest_python}, "
-                                 f"which http_get runs (vm_images/build.sh installs it)") from None
+            raise GuestHttpError(
+                f"GET {url} in {self.name}: the guest image has no {self.config.guest_python}, "
+                f"which http_get runs (vm_images/build.sh installs it)"
+            ) from None
         except subprocess.TimeoutExpired:
-            raise GuestHttpError(f"GET {url} in {self.name}: no reply within {timeout + HTTP_GET_START:.0f} s "
-                                 f"(the request's {timeout:g} s and python3's start in the guest)") from None
+            raise GuestHttpError(
+                f"GET {url} in {self.name}: no reply within {timeout + HTTP_GET_START:.0f} s "
+                f"(the request's {timeout:g} s and python3's start in the guest)"
+            ) from None
         why = p.stderr.decode(errors="replace").strip()[-400:]
         if p.returncode == 0:
             try:
                 return base64.b64decode(p.stdout, validate=True)
             except ValueError:
-                raise GuestHttpError(f"GET {url} in {self.name}: the guest's reply was not the expected base64 "
-                                     f"({p.stdout[:100]!r})") from None
+                raise GuestHttpError(
+                    f"GET {url} in {self.name}: the guest's reply was not the expected base64 ({p.stdout[:100]!r})"
+                ) from None
         if p.returncode == 2:
-            raise GuestHttpError(f"GET {url} in {self.name}: nothing answers on port {port} in the guest ({why}); "
-                                 f"is the app's server started?")
+            raise GuestHttpError(
+                f"GET {url} in {self.name}: nothing answers on port {port} in the guest ({why}); "
+                f"is the app's server started?"
+            )
         if p.returncode == 3:
             raise GuestHttpError(f"GET {url} in {self.name}: the server answered {why}")
         if p.returncode == 4:
             raise GuestHttpError(f"GET {url} in {self.name}: no reply within {timeout:g} s ({why})")
-        raise GuestHttpError(f"GET {url} in {self.name}: python3 in the guest failed (exit {p.returncode}): "
-                             f"{why}")
+        raise GuestHttpError(f"GET {url} in {self.name}: python3 in the guest failed (exit {p.returncode}): {why}")
 
 
 def parse_wmctrl(text: str) -> list[Window]:

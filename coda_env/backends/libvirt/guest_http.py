@@ -16,6 +16,7 @@ Only these are used. The server's `/setup/launch` returns no pid, so programs ar
 `/execute` under `setsid` with their exit status written to a file, which is what `poll()` reads. The
 server runs commands without an environment of their own, so one is prefixed with `env K=V ...`.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,12 @@ def _multipart(fields: Mapping[str, str], files: Mapping[str, bytes]) -> tuple[b
     for k, v in fields.items():
         out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode())
     for k, data in files.items():
-        out.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"; filename="{k}"\r\n'
-                   f'Content-Type: application/octet-stream\r\n\r\n'.encode() + data + b"\r\n")
+        out.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"; filename="{k}"\r\n'
+            f"Content-Type: application/octet-stream\r\n\r\n".encode()
+            + data
+            + b"\r\n"
+        )
     out.append(f"--{boundary}--\r\n".encode())
     return b"".join(out), f"multipart/form-data; boundary={boundary}"
 
@@ -53,8 +58,9 @@ class OSWorldGuest:
     def __init__(self, url: str, timeout: float = 30.0):
         self.url, self.timeout = url.rstrip("/"), timeout
 
-    def _request(self, method: str, path: str, body: bytes | None = None, ctype: str | None = None,
-                 timeout: float | None = None) -> tuple[int, bytes]:
+    def _request(
+        self, method: str, path: str, body: bytes | None = None, ctype: str | None = None, timeout: float | None = None
+    ) -> tuple[int, bytes]:
         req = urllib.request.Request(self.url + path, data=body, method=method)
         if ctype:
             req.add_header("Content-Type", ctype)
@@ -68,13 +74,17 @@ class OSWorldGuest:
         except urllib.error.URLError as e:
             if isinstance(e.reason, TimeoutError):
                 raise TimeoutError(str(e.reason)) from None
-            raise GuestServerError(f"the guest's HTTP server at {self.url} did not answer {method} {path}: "
-                                   f"{e.reason} (is the VM up, its network on, and the server running on "
-                                   f"that port?)") from None
+            raise GuestServerError(
+                f"the guest's HTTP server at {self.url} did not answer {method} {path}: "
+                f"{e.reason} (is the VM up, its network on, and the server running on "
+                f"that port?)"
+            ) from None
         except OSError as e:
-            raise GuestServerError(f"the guest's HTTP server at {self.url} did not answer {method} {path}: "
-                                   f"{getattr(e, 'reason', e)} (is the VM up, its network on, and the "
-                                   f"server running on that port?)") from None
+            raise GuestServerError(
+                f"the guest's HTTP server at {self.url} did not answer {method} {path}: "
+                f"{getattr(e, 'reason', e)} (is the VM up, its network on, and the "
+                f"server running on that port?)"
+            ) from None
 
     def ping(self) -> bool:
         try:
@@ -83,8 +93,9 @@ class OSWorldGuest:
             return False
         return status == 200
 
-    def run(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
-            timeout: float = 30.0) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 30.0
+    ) -> subprocess.CompletedProcess:
         command = (["env", *(f"{k}={v}" for k, v in env.items())] if env else []) + [str(a) for a in argv]
         body = json.dumps({"command": command, "shell": False}).encode()
         try:
@@ -102,9 +113,12 @@ class OSWorldGuest:
             if "timed out" in message:
                 raise subprocess.TimeoutExpired(list(argv), timeout)
             raise GuestServerError(f"the guest's server could not run {list(argv)[:3]}: {message}")
-        return subprocess.CompletedProcess(list(argv), int(reply.get("returncode", -1)),
-                                           str(reply.get("output", "")).encode(),
-                                           str(reply.get("error", "")).encode())
+        return subprocess.CompletedProcess(
+            list(argv),
+            int(reply.get("returncode", -1)),
+            str(reply.get("output", "")).encode(),
+            str(reply.get("error", "")).encode(),
+        )
 
     def read_file(self, path: str) -> bytes:
         body, ctype = _multipart({"file_path": path}, {})
@@ -122,28 +136,42 @@ class OSWorldGuest:
         body, ctype = _multipart({"file_path": path}, {"file_data": data})
         status, reply = self._request("POST", "/setup/upload", body, ctype)
         if status != 200:
-            raise GuestServerError(f"the guest's server refused to write {path} (HTTP {status}): "
-                                   f"{reply[:200]!r}")
+            raise GuestServerError(f"the guest's server refused to write {path} (HTTP {status}): {reply[:200]!r}")
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None,
-              log: str | None) -> "HttpProcess":
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None, log: str | None
+    ) -> "HttpProcess":
         """Start a program in a session of its own; its shell writes the exit status for `poll`."""
-        script = ('d=$1; l=$2; x=$3; shift 3; if mkdir -p "$d" && cd "$d"; then '
-                  'if [ -n "$l" ]; then "$@" >>"$l" 2>&1; else "$@" >/dev/null 2>&1; fi; c=$?; else c=126; fi; '
-                  'echo $c > "$x.tmp" && mv "$x.tmp" "$x"')  # written whole: poll never reads half of it
+        script = (
+            'd=$1; l=$2; x=$3; shift 3; if mkdir -p "$d" && cd "$d"; then '
+            'if [ -n "$l" ]; then "$@" >>"$l" 2>&1; else "$@" >/dev/null 2>&1; fi; c=$?; else c=126; fi; '
+            'echo $c > "$x.tmp" && mv "$x.tmp" "$x"'
+        )  # written whole: poll never reads half of it
         # sh -c LAUNCHER SCRIPT EXIT_DIR CWD LOG EXIT_DIR ARGV...: the launcher starts SCRIPT under setsid in
         # the background and prints its pid (= its process group: setsid does not fork in a background job).
         launcher = 's=$0; mkdir -p "$1"; shift; setsid sh -c "$s" sh "$@" </dev/null >/dev/null 2>&1 & echo $!'
         env_args = [f"{k}={v}" for k, v in (env or {}).items()]
         status = f"{self.EXIT_DIR}/{uuid.uuid4().hex}"  # one file per spawn: pids get reused
-        command = ["env", *env_args, "sh", "-c", launcher, script, self.EXIT_DIR, cwd or "/", log or "",
-                   status, *[str(a) for a in argv]]
+        command = [
+            "env",
+            *env_args,
+            "sh",
+            "-c",
+            launcher,
+            script,
+            self.EXIT_DIR,
+            cwd or "/",
+            log or "",
+            status,
+            *[str(a) for a in argv],
+        ]
         p = self.run(command, timeout=30)
         try:
             pid = int(p.stdout.decode().split()[-1])
         except (ValueError, IndexError):
-            raise GuestServerError(f"starting {list(argv)[:3]} in the guest printed no pid: "
-                                   f"{(p.stdout + p.stderr)[-200:]!r}") from None
+            raise GuestServerError(
+                f"starting {list(argv)[:3]} in the guest printed no pid: {(p.stdout + p.stderr)[-200:]!r}"
+            ) from None
         return HttpProcess(self, pid, argv, status)
 
 
@@ -158,9 +186,20 @@ class HttpProcess(PolledProcess):
         if self.returncode is None:
             try:
                 # alive first, then the status: a program that exits in between is read on the next poll
-                code = self._guest.run(["sh", "-c", 'kill -0 "$1" 2>/dev/null && echo running || cat "$0" '
-                                        '2>/dev/null || echo gone', self._status_file, str(self.pid)],
-                                       timeout=10).stdout.decode().strip()
+                code = (
+                    self._guest.run(
+                        [
+                            "sh",
+                            "-c",
+                            'kill -0 "$1" 2>/dev/null && echo running || cat "$0" 2>/dev/null || echo gone',
+                            self._status_file,
+                            str(self.pid),
+                        ],
+                        timeout=10,
+                    )
+                    .stdout.decode()
+                    .strip()
+                )
             except (GuestServerError, subprocess.TimeoutExpired):
                 return None
             if code == "gone":

@@ -4,6 +4,7 @@
 The translation of actions to input events is pure (`plan_input`, `key_chord`), so it is tested without a
 VM; `InputMixin` sends the planned events to the domain.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,32 +17,90 @@ from ..base import DesktopError
 
 # Linux input keycodes (linux/input-event-codes.h) and QEMU QKeyCode names, per project key name.
 _KEYS: dict[str, tuple[int, str]] = {
-    "esc": (1, "esc"), "backspace": (14, "backspace"), "tab": (15, "tab"), "enter": (28, "ret"),
-    "space": (57, "spc"), "ctrl": (29, "ctrl"), "ctrlleft": (29, "ctrl"), "ctrlright": (97, "ctrl_r"),
-    "shift": (42, "shift"), "shiftleft": (42, "shift"), "shiftright": (54, "shift_r"),
-    "alt": (56, "alt"), "altleft": (56, "alt"), "altright": (100, "alt_r"), "option": (56, "alt"),
-    "optionleft": (56, "alt"), "optionright": (100, "alt_r"), "win": (125, "meta_l"),
-    "winleft": (125, "meta_l"), "winright": (126, "meta_r"), "command": (125, "meta_l"),
-    "capslock": (58, "caps_lock"), "numlock": (69, "num_lock"), "scrolllock": (70, "scroll_lock"),
-    "printscreen": (99, "sysrq"), "prtsc": (99, "sysrq"), "prtscr": (99, "sysrq"), "prntscrn": (99, "sysrq"),
-    "print": (99, "sysrq"), "pause": (119, "pause"), "apps": (127, "compose"), "home": (102, "home"),
-    "up": (103, "up"), "pageup": (104, "pgup"), "left": (105, "left"), "right": (106, "right"),
-    "end": (107, "end"), "down": (108, "down"), "pagedown": (109, "pgdn"), "insert": (110, "insert"),
-    "delete": (111, "delete"), "help": (138, "help"), "stop": (166, "audiostop"),
-    "add": (78, "kp_add"), "subtract": (74, "kp_subtract"), "multiply": (55, "kp_multiply"),
-    "divide": (98, "kp_divide"), "decimal": (83, "kp_decimal"), "separator": (121, "kp_comma"),
-    "volumemute": (113, "audiomute"), "volumedown": (114, "volumedown"), "volumeup": (115, "volumeup"),
-    "playpause": (164, "audioplay"), "nexttrack": (163, "audionext"), "prevtrack": (165, "audioprev"),
-    "browserback": (158, "ac_back"), "browserforward": (159, "ac_forward"),
-    "browserrefresh": (173, "ac_refresh"), "browserhome": (172, "ac_home"),
-    "browserfavorites": (156, "ac_bookmarks"), "launchmail": (155, "mail"),
-    "launchapp1": (157, "computer"), "launchapp2": (140, "calculator"), "launchmediaselect": (226, "mediaselect"),
-    "sleep": (142, "sleep"), "fn": (143, "wake"), "yen": (124, "yen"), "hangul": (122, "lang1"),
-    "hanguel": (122, "lang1"), "hanja": (123, "lang2"), "kana": (93, "katakanahiragana"),
-    "convert": (92, "henkan"), "nonconvert": (94, "muhenkan"),
-    "-": (12, "minus"), "=": (13, "equal"), "[": (26, "bracket_left"), "]": (27, "bracket_right"),
-    ";": (39, "semicolon"), "'": (40, "apostrophe"), "`": (41, "grave_accent"), "\\": (43, "backslash"),
-    ",": (51, "comma"), ".": (52, "dot"), "/": (53, "slash"),
+    "esc": (1, "esc"),
+    "backspace": (14, "backspace"),
+    "tab": (15, "tab"),
+    "enter": (28, "ret"),
+    "space": (57, "spc"),
+    "ctrl": (29, "ctrl"),
+    "ctrlleft": (29, "ctrl"),
+    "ctrlright": (97, "ctrl_r"),
+    "shift": (42, "shift"),
+    "shiftleft": (42, "shift"),
+    "shiftright": (54, "shift_r"),
+    "alt": (56, "alt"),
+    "altleft": (56, "alt"),
+    "altright": (100, "alt_r"),
+    "option": (56, "alt"),
+    "optionleft": (56, "alt"),
+    "optionright": (100, "alt_r"),
+    "win": (125, "meta_l"),
+    "winleft": (125, "meta_l"),
+    "winright": (126, "meta_r"),
+    "command": (125, "meta_l"),
+    "capslock": (58, "caps_lock"),
+    "numlock": (69, "num_lock"),
+    "scrolllock": (70, "scroll_lock"),
+    "printscreen": (99, "sysrq"),
+    "prtsc": (99, "sysrq"),
+    "prtscr": (99, "sysrq"),
+    "prntscrn": (99, "sysrq"),
+    "print": (99, "sysrq"),
+    "pause": (119, "pause"),
+    "apps": (127, "compose"),
+    "home": (102, "home"),
+    "up": (103, "up"),
+    "pageup": (104, "pgup"),
+    "left": (105, "left"),
+    "right": (106, "right"),
+    "end": (107, "end"),
+    "down": (108, "down"),
+    "pagedown": (109, "pgdn"),
+    "insert": (110, "insert"),
+    "delete": (111, "delete"),
+    "help": (138, "help"),
+    "stop": (166, "audiostop"),
+    "add": (78, "kp_add"),
+    "subtract": (74, "kp_subtract"),
+    "multiply": (55, "kp_multiply"),
+    "divide": (98, "kp_divide"),
+    "decimal": (83, "kp_decimal"),
+    "separator": (121, "kp_comma"),
+    "volumemute": (113, "audiomute"),
+    "volumedown": (114, "volumedown"),
+    "volumeup": (115, "volumeup"),
+    "playpause": (164, "audioplay"),
+    "nexttrack": (163, "audionext"),
+    "prevtrack": (165, "audioprev"),
+    "browserback": (158, "ac_back"),
+    "browserforward": (159, "ac_forward"),
+    "browserrefresh": (173, "ac_refresh"),
+    "browserhome": (172, "ac_home"),
+    "browserfavorites": (156, "ac_bookmarks"),
+    "launchmail": (155, "mail"),
+    "launchapp1": (157, "computer"),
+    "launchapp2": (140, "calculator"),
+    "launchmediaselect": (226, "mediaselect"),
+    "sleep": (142, "sleep"),
+    "fn": (143, "wake"),
+    "yen": (124, "yen"),
+    "hangul": (122, "lang1"),
+    "hanguel": (122, "lang1"),
+    "hanja": (123, "lang2"),
+    "kana": (93, "katakanahiragana"),
+    "convert": (92, "henkan"),
+    "nonconvert": (94, "muhenkan"),
+    "-": (12, "minus"),
+    "=": (13, "equal"),
+    "[": (26, "bracket_left"),
+    "]": (27, "bracket_right"),
+    ";": (39, "semicolon"),
+    "'": (40, "apostrophe"),
+    "`": (41, "grave_accent"),
+    "\\": (43, "backslash"),
+    ",": (51, "comma"),
+    ".": (52, "dot"),
+    "/": (53, "slash"),
 }
 _KEYS.update({f"f{i}": (58 + i, f"f{i}") for i in range(1, 11)})
 _KEYS.update({"f11": (87, "f11"), "f12": (88, "f12")})
@@ -66,8 +125,10 @@ def _resolve(key: str) -> tuple[str, bool]:
         return key, False
     if key in _SHIFTED:
         return _SHIFTED[key], True
-    raise ValueError(f"the libvirt backend cannot type {key!r}: it sends Linux keycodes of a US keyboard "
-                     f"layout, which has no such key")
+    raise ValueError(
+        f"the libvirt backend cannot type {key!r}: it sends Linux keycodes of a US keyboard "
+        f"layout, which has no such key"
+    )
 
 
 def key_chord(keys: Sequence[str]) -> tuple[int, ...]:
@@ -85,7 +146,7 @@ def key_chord(keys: Sequence[str]) -> tuple[int, ...]:
 
 ABS_MAX = 0x7FFF  # QEMU's absolute axis range (INPUT_EVENT_ABS_MAX)
 
-Keys = tuple[int, ...]                                 # one sendKey chord
+Keys = tuple[int, ...]  # one sendKey chord
 Step = Union[tuple[str, Keys], tuple[str, list], tuple[str, float]]
 """("keys", keycodes) for sendKey, ("qmp", events) for one input-send-event (one input sync),
 ("sleep", seconds) for pacing."""
@@ -93,8 +154,10 @@ Step = Union[tuple[str, Keys], tuple[str, list], tuple[str, float]]
 
 def _abs(x: int, y: int, size: tuple[int, int]) -> list[dict]:
     w, h = size
-    return [{"type": "abs", "data": {"axis": "x", "value": round(x * ABS_MAX / max(w - 1, 1))}},
-            {"type": "abs", "data": {"axis": "y", "value": round(y * ABS_MAX / max(h - 1, 1))}}]
+    return [
+        {"type": "abs", "data": {"axis": "x", "value": round(x * ABS_MAX / max(w - 1, 1))}},
+        {"type": "abs", "data": {"axis": "y", "value": round(y * ABS_MAX / max(h - 1, 1))}},
+    ]
 
 
 def _btn(button: str, down: bool) -> list[dict]:
@@ -105,8 +168,9 @@ def _qkey(name: str, down: bool) -> dict:
     return {"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": _KEYS[name][1]}}}
 
 
-def plan_input(action: Action, pointer: tuple[int, int], size: tuple[int, int],
-               native_hscroll: bool = False) -> tuple[list[Step], tuple[int, int]]:
+def plan_input(
+    action: Action, pointer: tuple[int, int], size: tuple[int, int], native_hscroll: bool = False
+) -> tuple[list[Step], tuple[int, int]]:
     """The exact events that perform `action`, and where the pointer ends.
 
     Every button change is its own QMP command: QEMU's USB tablet reports its state once per input sync,

@@ -1,4 +1,5 @@
 """Observation: `virDomainScreenshot` (a PNG or PPM stream from QEMU's screendump), decoded with Pillow."""
+
 from __future__ import annotations
 
 from io import BytesIO
@@ -11,6 +12,7 @@ from ..base import DesktopError
 def decode_screenshot(data: bytes, size: tuple[int, int], resize: bool = True) -> np.ndarray:
     """A PNG/PPM screenshot as an (H, W, 3) uint8 RGB array of exactly `size` = (width, height)."""
     from PIL import Image
+
     try:
         img = Image.open(BytesIO(data))
         img.load()
@@ -20,9 +22,11 @@ def decode_screenshot(data: bytes, size: tuple[int, int], resize: bool = True) -
         img = img.convert("RGB")
     if img.size != tuple(size):
         if not resize:
-            raise DesktopError(f"the VM screen is {img.size[0]}x{img.size[1]}, not the configured "
-                               f"{size[0]}x{size[1]}: set the guest's resolution (the domain XML's video "
-                               f"<resolution>, xrandr in the image) or pass resize=True")
+            raise DesktopError(
+                f"the VM screen is {img.size[0]}x{img.size[1]}, not the configured "
+                f"{size[0]}x{size[1]}: set the guest's resolution (the domain XML's video "
+                f"<resolution>, xrandr in the image) or pass resize=True"
+            )
         img = img.resize(tuple(size), Image.BILINEAR)
     return np.asarray(img, dtype=np.uint8).copy()
 

@@ -2,6 +2,7 @@
 the watchdog process that notices its parent's death (its stdin pipe closes) and removes the domain by name
 through its own connection. The watchdog runs as `python -m coda_env.backends.libvirt --watchdog ...`
 (this package's `__main__.py`)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -48,8 +49,7 @@ def destroy_domain(conn: Any, name: str, pool: str | None, volume: str | None) -
     return done
 
 
-def _cleanup(uri: str, name: str, pool: str | None, volume: str | None,
-             watchdog: subprocess.Popen | None) -> None:
+def _cleanup(uri: str, name: str, pool: str | None, volume: str | None, watchdog: subprocess.Popen | None) -> None:
     """Remove the domain through a fresh connection (the desktop's own may be closed or broken)."""
     try:
         libvirt, _ = _libvirt()
@@ -65,13 +65,16 @@ def _cleanup(uri: str, name: str, pool: str | None, volume: str | None,
         watchdog.wait()
 
 
-def _start_watchdog(uri: str, name: str, pool: str, volume: str,
-                    stdout: Any = subprocess.DEVNULL) -> subprocess.Popen:
+def _start_watchdog(uri: str, name: str, pool: str, volume: str, stdout: Any = subprocess.DEVNULL) -> subprocess.Popen:
     """A process that removes the domain when we die, however we die (its stdin closes then)."""
     return subprocess.Popen(
         [sys.executable, "-m", "coda_env.backends.libvirt", "--watchdog", uri, name, pool, volume],
-        stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.DEVNULL, start_new_session=True,
-        cwd=str(Path(__file__).resolve().parents[3]))
+        stdin=subprocess.PIPE,
+        stdout=stdout,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=str(Path(__file__).resolve().parents[3]),
+    )
 
 
 def _watchdog_main(uri: str, name: str, pool: str, volume: str) -> None:

@@ -13,12 +13,12 @@ Faults are reported, never hung on: every X call runs under a deadline (a frozen
 connection and raises DesktopError), `alive()` checks every part the desktop started, and the input it
 holds down (keys, buttons) is tracked so that `release_all()` leaves the next episode a clean keyboard.
 """
+
 from __future__ import annotations
 
 from .desktop import LocalConfig, LocalDesktop, _openbox_rc  # noqa: F401 (tests read _openbox_rc)
 from .processes import TOKEN_VAR, _proc_state, kill_everything, token_pids  # noqa: F401
 from .xinput import _BUTTONS, _KEYSYMS, NO_KEYSYM, key_plan  # noqa: F401
-
 
 
 def make_desktop(width: int, height: int, sandbox: bool = True, **options) -> LocalDesktop:
@@ -27,4 +27,13 @@ def make_desktop(width: int, height: int, sandbox: bool = True, **options) -> Lo
     return LocalDesktop(LocalConfig(width=width, height=height, **options))
 
 
-__all__ = ["make_desktop", "LocalConfig", "LocalDesktop", "TOKEN_VAR", "NO_KEYSYM", "kill_everything", "token_pids", "key_plan"]
+__all__ = [
+    "make_desktop",
+    "LocalConfig",
+    "LocalDesktop",
+    "TOKEN_VAR",
+    "NO_KEYSYM",
+    "kill_everything",
+    "token_pids",
+    "key_plan",
+]

@@ -1,4 +1,5 @@
 """`python -m coda_env.backends.local --watchdog TOKEN FOLDER`: the desktop's watchdog (processes.py)."""
+
 import sys
 
 from .processes import _watchdog_main

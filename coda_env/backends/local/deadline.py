@@ -1,4 +1,5 @@
 """The X-call deadline: a frozen X server cannot hang a desktop's caller."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +8,7 @@ import socket
 import threading
 import time
 from typing import Iterator
+
 
 class _Deadline:
     """Cuts a desktop's X connections when a call on them overruns, so that a frozen X server cannot hang us.
@@ -79,6 +81,7 @@ def _xcb_socket(shot) -> socket.socket | None:
     """A duplicate of the socket of mss's XCB connection (shutting it down cuts mss's connection too)."""
     import ctypes
     import ctypes.util
+
     conn = getattr(getattr(shot, "_impl", None), "conn", None)
     lib = ctypes.util.find_library("xcb")
     if conn is None or lib is None:
@@ -86,8 +89,6 @@ def _xcb_socket(shot) -> socket.socket | None:
     xcb = ctypes.CDLL(lib)
     xcb.xcb_get_file_descriptor.argtypes = [ctypes.c_void_p]
     xcb.xcb_get_file_descriptor.restype = ctypes.c_int
-    addr = (ctypes.cast(conn, ctypes.c_void_p).value if isinstance(conn, ctypes._Pointer)
-            else ctypes.addressof(conn))
+    addr = ctypes.cast(conn, ctypes.c_void_p).value if isinstance(conn, ctypes._Pointer) else ctypes.addressof(conn)
     fd = xcb.xcb_get_file_descriptor(addr)
     return socket.socket(fileno=os.dup(fd)) if fd >= 0 else None
-

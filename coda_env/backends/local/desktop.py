@@ -1,4 +1,5 @@
 """LocalDesktop: Xvfb + openbox + the desktop's buses, its apps sealed (sandbox.py)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,12 @@ if TYPE_CHECKING:
     from ...a11y import A11yClient
 
 # The parts a desktop starts, by their key in `_procs`, and what an error calls them.
-_PARTS = (("xvfb", "the X server (Xvfb)"), ("wm", "the window manager (openbox)"),
-          ("dbus", "the session bus (dbus-daemon)"), ("atspi", "the accessibility bus (its dbus-daemon)"))
+_PARTS = (
+    ("xvfb", "the X server (Xvfb)"),
+    ("wm", "the window manager (openbox)"),
+    ("dbus", "the session bus (dbus-daemon)"),
+    ("atspi", "the accessibility bus (its dbus-daemon)"),
+)
 
 # The desktop's two buses, with configurations of our own: sockets in the desktop's private runtime folder
 # (bound read-only into the apps' sandboxes, which run as another user: hence `allow user="*"`; only what
@@ -62,14 +67,13 @@ _OPENBOX_MENU = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
-
-
 @dataclass
 class LocalConfig:
     """How to build the desktop. Defaults give the 1280x800 screen of the ScienceBoard tasks.
 
     `x_timeout`: the most seconds one X call (an input action's own pauses not counted) may take before the
     X server counts as frozen: the call fails with DesktopError and the desktop must be rebuilt."""
+
     width: int = 1280
     height: int = 800
     window_manager: bool = True
@@ -88,14 +92,18 @@ def _openbox_rc(stock: str, menu: str, rules: str) -> str:
     file of ours that is empty."""
     text = re.sub(r"<!--.*?-->", "", stock, flags=re.S)
     text = re.sub(r"<keyboard>.*?</keyboard>", "<keyboard></keyboard>", text, flags=re.S)
-    text = re.sub(r"<mousebind\b[^>]*>(?:(?!</mousebind>).)*?(?:Execute|GoToDesktop|root-menu|Exit|Restart|"
-                  r"SendToDesktop|client-list-combined-menu)(?:(?!</mousebind>).)*</mousebind>", "", text, flags=re.S)
+    text = re.sub(
+        r"<mousebind\b[^>]*>(?:(?!</mousebind>).)*?(?:Execute|GoToDesktop|root-menu|Exit|Restart|"
+        r"SendToDesktop|client-list-combined-menu)(?:(?!</mousebind>).)*</mousebind>",
+        "",
+        text,
+        flags=re.S,
+    )
     text = re.sub(r"^<menu>.*?^</menu>", f"<menu><file>{menu}</file></menu>", text, count=1, flags=re.S | re.M)
     text = re.sub(r"<number>\d+</number>", "<number>1</number>", text, count=1)
     if "<applications>" not in text:
         text = text.replace("</openbox_config>", "<applications></applications></openbox_config>")
     return text.replace("</applications>", rules + "</applications>", 1)
-
 
 
 class LocalDesktop(XInput):
@@ -112,7 +120,7 @@ class LocalDesktop(XInput):
             if why is not None:
                 raise DesktopError(f"apps cannot run sealed on this machine: {why}")
         self._sealed: list[tuple[subprocess.Popen, str]] = []  # (bwrap process, home) of each sealed app
-        self._handed: set[str] = set()       # folders given to the sandboxes' user
+        self._handed: set[str] = set()  # folders given to the sandboxes' user
         self.width, self.height = self.config.width, self.config.height
         self.token = uuid.uuid4().hex
         self.display: int | None = None
@@ -124,14 +132,13 @@ class LocalDesktop(XInput):
         self._tmp: str | None = None
         self._watchdog: subprocess.Popen | None = None
         self._deadline = _Deadline()
-        self._broken: str | None = None      # why the X connection is unusable (cut at a deadline, closed)
-        self._a11y_bus: int | None = None    # pid of the accessibility bus's dbus-daemon (the launcher's child)
+        self._broken: str | None = None  # why the X connection is unusable (cut at a deadline, closed)
+        self._a11y_bus: int | None = None  # pid of the accessibility bus's dbus-daemon (the launcher's child)
         self._held_keys: dict[int, str] = {}  # keycode -> key name, for what input() holds down
         self._held_buttons: set[int] = set()
         self._bound: OrderedDict[int, int] = OrderedDict()  # keysym -> spare keycode it was bound to (LRU order)
-        self._spare: list[int] = []          # keycodes with no keysyms in the server's map
-        self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, None, None, None,
-                                           self._deadline)
+        self._spare: list[int] = []  # keycodes with no keysyms in the server's map
+        self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, None, None, None, self._deadline)
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -151,12 +158,17 @@ class LocalDesktop(XInput):
         # The watchdog is told the folder up front: it removes it however this process ends.
         self._watchdog = subprocess.Popen(
             [sys.executable, "-m", "coda_env.backends.local", "--watchdog", self.token, self._tmp],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env={k: v for k, v in base_env.items() if k != TOKEN_VAR},
-            cwd=str(Path(__file__).resolve().parents[3]))
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={k: v for k, v in base_env.items() if k != TOKEN_VAR},
+            cwd=str(Path(__file__).resolve().parents[3]),
+        )
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, self._watchdog,
-                                           self._tmp, None, self._deadline)
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self.token, self._pgids, self._watchdog, self._tmp, None, self._deadline
+        )
         deadline = time.monotonic() + self.config.start_timeout
         try:
             self._start_xvfb(base_env, deadline)
@@ -176,8 +188,9 @@ class LocalDesktop(XInput):
             self.stop()
             raise
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _cleanup, self.token, self._pgids, self._watchdog,
-                                           self._tmp, self.display, self._deadline)
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self.token, self._pgids, self._watchdog, self._tmp, self.display, self._deadline
+        )
         if self._watchdog.stdin:
             self._watchdog.stdin.write(f"{self.display}\n".encode())
             self._watchdog.stdin.flush()
@@ -186,8 +199,10 @@ class LocalDesktop(XInput):
         try:
             p = subprocess.Popen(list(argv), env=env, process_group=group, stdin=subprocess.DEVNULL, **kw)
         except FileNotFoundError as e:
-            raise DesktopError(f"{argv[0]} is not installed ({e}); run `make setup` to install the desktop "
-                               f"packages (xvfb, openbox, dbus, at-spi2-core)") from None
+            raise DesktopError(
+                f"{argv[0]} is not installed ({e}); run `make setup` to install the desktop "
+                f"packages (xvfb, openbox, dbus, at-spi2-core)"
+            ) from None
         self._procs[name] = p
         if group == 0:
             self._pgids.append(p.pid)
@@ -197,9 +212,26 @@ class LocalDesktop(XInput):
         r, w = os.pipe()
         log = open(Path(self._tmp, "xvfb.log"), "wb")
         try:
-            self._popen("xvfb", ["Xvfb", "-displayfd", str(w), "-screen", "0",
-                                 f"{self.width}x{self.height}x24", "-nolisten", "tcp", "-dpi", "96",
-                                 "-nocursor"], env, pass_fds=(w,), stdout=log, stderr=log)
+            self._popen(
+                "xvfb",
+                [
+                    "Xvfb",
+                    "-displayfd",
+                    str(w),
+                    "-screen",
+                    "0",
+                    f"{self.width}x{self.height}x24",
+                    "-nolisten",
+                    "tcp",
+                    "-dpi",
+                    "96",
+                    "-nocursor",
+                ],
+                env,
+                pass_fds=(w,),
+                stdout=log,
+                stderr=log,
+            )
         finally:
             os.close(w)
             log.close()
@@ -208,12 +240,15 @@ class LocalDesktop(XInput):
             while not buf.endswith(b"\n"):
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([r], [], [], left)[0]:
-                    raise DesktopError(f"Xvfb did not report a display within {self.config.start_timeout}s; "
-                                       f"log: {Path(self._tmp, 'xvfb.log').read_text(errors='replace')[-500:]}")
+                    raise DesktopError(
+                        f"Xvfb did not report a display within {self.config.start_timeout}s; "
+                        f"log: {Path(self._tmp, 'xvfb.log').read_text(errors='replace')[-500:]}"
+                    )
                 chunk = os.read(r, 64)
                 if not chunk:
-                    raise DesktopError("Xvfb exited at start: " +
-                                       Path(self._tmp, "xvfb.log").read_text(errors="replace")[-500:])
+                    raise DesktopError(
+                        "Xvfb exited at start: " + Path(self._tmp, "xvfb.log").read_text(errors="replace")[-500:]
+                    )
                 buf += chunk
         finally:
             os.close(r)
@@ -224,12 +259,22 @@ class LocalDesktop(XInput):
         folder = Path(self._tmp, "runtime", name)
         folder.mkdir(mode=0o700)
         conf = Path(self._tmp, f"{name}.conf")
-        conf.write_text(_BUS_CONFIG.format(type=kind, dir=folder,
-                                           servicedir=f"<servicedir>{servicedir}</servicedir>" if servicedir else ""))
+        conf.write_text(
+            _BUS_CONFIG.format(
+                type=kind, dir=folder, servicedir=f"<servicedir>{servicedir}</servicedir>" if servicedir else ""
+            )
+        )
         key = "dbus" if name == "session" else "atspi"
         # umask 0: the socket must be connectable by the sandboxes' user (the folder keeps others out)
-        p = self._popen(key, ["dbus-daemon", f"--config-file={conf}", "--nofork", "--print-address=1"], env,
-                        group=self._pgids[0], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, umask=0)
+        p = self._popen(
+            key,
+            ["dbus-daemon", f"--config-file={conf}", "--nofork", "--print-address=1"],
+            env,
+            group=self._pgids[0],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            umask=0,
+        )
         ready = select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]
         line = p.stdout.readline().decode().strip() if ready else ""
         if not line:
@@ -257,10 +302,12 @@ class LocalDesktop(XInput):
         # below) connect at once and deterministically
         # (Qt reads AT_SPI_BUS before it asks the session bus; GTK's atk-bridge reads AT_SPI_BUS_ADDRESS).
         from Xlib import Xatom
+
         root = self._xlib.screen().root
         root.change_property(self._xlib.intern_atom("AT_SPI_BUS"), Xatom.STRING, 8, a11y.encode())
         self._xlib.sync()
         from ...a11y import A11yClient
+
         while True:
             try:
                 # Activate the registry now: a toolkit that starts while registryd is still being
@@ -275,22 +322,29 @@ class LocalDesktop(XInput):
                 time.sleep(0.01)
         self._a11y_bus = self._procs["atspi"].pid
 
-
     def _start_wm(self, deadline: float) -> None:
-        rules = ('<application type="normal"><maximized>true</maximized><focus>yes</focus></application>'
-                 if self.config.maximize_windows else "")
+        rules = (
+            '<application type="normal"><maximized>true</maximized><focus>yes</focus></application>'
+            if self.config.maximize_windows
+            else ""
+        )
         menu = Path(self._tmp, "openbox-menu.xml")
         menu.write_text(_OPENBOX_MENU)
         cfg = Path(self._tmp, "openbox-rc.xml")
         stock = Path("/etc/xdg/openbox/rc.xml")
-        text = stock.read_text() if stock.exists() else '<openbox_config xmlns="http://openbox.org/3.4/rc"></openbox_config>'
+        text = (
+            stock.read_text()
+            if stock.exists()
+            else '<openbox_config xmlns="http://openbox.org/3.4/rc"></openbox_config>'
+        )
         cfg.write_text(_openbox_rc(text, str(menu), rules))
         argv = ["openbox", "--sm-disable", "--config-file", str(cfg)]
         env = {k: v for k, v in self.env.items() if k in ("DISPLAY", TOKEN_VAR, "PATH")}
         if self.sandbox.enabled:  # the window manager runs sealed too: it needs only the display
             env = sb.sandbox_env(self.sandbox, self.env, {TOKEN_VAR: self.token, "HOME": "/tmp"}, None)
-            argv = sb.wrap_argv(argv, self.sandbox, writable=(), ro_binds=[self.x_socket(), str(cfg), str(menu)],
-                                env=env, cwd="/")
+            argv = sb.wrap_argv(
+                argv, self.sandbox, writable=(), ro_binds=[self.x_socket(), str(cfg), str(menu)], env=env, cwd="/"
+            )
             env = {"PATH": sb.SAFE_PATH, TOKEN_VAR: self.token}
         self._popen("wm", argv, env, group=self._pgids[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         atom = self._xlib.intern_atom("_NET_SUPPORTING_WM_CHECK")
@@ -306,14 +360,16 @@ class LocalDesktop(XInput):
     def _connect(self) -> None:
         from Xlib import display as xdisplay
         import mss
+
         self._xlib = xdisplay.Display(f":{self.display}")
         self._shot = mss.MSS(display=f":{self.display}")
         self._monitor = {"left": 0, "top": 0, "width": self.width, "height": self.height}
         socks = [socket.socket(fileno=os.dup(self._xlib.fileno()))]
         xcb = _xcb_socket(self._shot)
         if xcb is None:
-            raise DesktopError("cannot find the socket of mss's X connection (an mss without XCB?): screenshots "
-                               "would have no deadline")
+            raise DesktopError(
+                "cannot find the socket of mss's X connection (an mss without XCB?): screenshots would have no deadline"
+            )
         socks.append(xcb)
         self._deadline.attach(socks)
         self._broken = None
@@ -325,8 +381,9 @@ class LocalDesktop(XInput):
             syms = self._xlib.get_keyboard_mapping(info.min_keycode, info.max_keycode - info.min_keycode + 1)
         # keycodes 8 and below are not keys to XKB-based toolkits; the highest ones are the least likely to
         # be produced by any real keyboard layout
-        self._spare = sorted((info.min_keycode + i for i, s in enumerate(syms)
-                              if not any(s) and info.min_keycode + i > 8), reverse=True)
+        self._spare = sorted(
+            (info.min_keycode + i for i, s in enumerate(syms) if not any(s) and info.min_keycode + i > 8), reverse=True
+        )
 
     def stop(self) -> None:
         self._deadline.close()
@@ -388,6 +445,7 @@ class LocalDesktop(XInput):
         """Run X calls under the deadline; turn a cut or closed connection into DesktopError (and remember
         it, so that `alive()` says the desktop must be rebuilt)."""
         from Xlib import error as xerror
+
         limit = self.config.x_timeout + extra
         try:
             with self._deadline.arm(limit):
@@ -396,8 +454,10 @@ class LocalDesktop(XInput):
             raise
         except Exception as e:
             if self._deadline.expired:
-                self._broken = (f"the X server (Xvfb) of this desktop did not answer within {limit:g}s while "
-                                f"{what}: it is frozen or badly overloaded")
+                self._broken = (
+                    f"the X server (Xvfb) of this desktop did not answer within {limit:g}s while "
+                    f"{what}: it is frozen or badly overloaded"
+                )
                 raise DesktopError(self._broken) from None
             why = self.health(thorough=False)  # a part that died says more than the error it caused
             if why is not None:
@@ -407,8 +467,10 @@ class LocalDesktop(XInput):
                 raise DesktopError(self._broken) from None
             raise DesktopError(f"the X server refused {what}: {type(e).__name__}: {e}") from None
         if self._deadline.expired:  # the call returned, but only after the connections were cut
-            self._broken = (f"the X server (Xvfb) of this desktop did not answer within {limit:g}s while "
-                            f"{what}: it is frozen or badly overloaded")
+            self._broken = (
+                f"the X server (Xvfb) of this desktop did not answer within {limit:g}s while "
+                f"{what}: it is frozen or badly overloaded"
+            )
             raise DesktopError(self._broken)
 
     def _conn_lost(self) -> bool:
@@ -436,18 +498,22 @@ class LocalDesktop(XInput):
     def windows(self) -> list[Window]:
         self._check()
         from Xlib import error as xerror
+
         d = self._xlib
         with self._x("listing windows"):
             root = d.screen().root
             prop = root.get_full_property(d.intern_atom("_NET_CLIENT_LIST"), 0)
             out = []
-            for wid in (prop.value if prop else []):
+            for wid in prop.value if prop else []:
                 w = d.create_resource_object("window", wid)
                 try:
                     cls = w.get_wm_class() or ("", "")
                     name = w.get_full_property(d.intern_atom("_NET_WM_NAME"), 0)
-                    title = (name.value.decode(errors="replace") if name and isinstance(name.value, bytes)
-                             else (w.get_wm_name() or ""))
+                    title = (
+                        name.value.decode(errors="replace")
+                        if name and isinstance(name.value, bytes)
+                        else (w.get_wm_name() or "")
+                    )
                     g = w.get_geometry()
                     pos = w.translate_coords(root, 0, 0)
                 except xerror.XError:  # it vanished under us
@@ -456,8 +522,9 @@ class LocalDesktop(XInput):
             return out
 
     # ---------------------------------------------------------------- processes and files
-    def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
-              log: str | None = None) -> subprocess.Popen:
+    def spawn(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None, log: str | None = None
+    ) -> subprocess.Popen:
         """Start an app. Sealed (the default; see sandbox.py): its HOME, which must be a folder in
         this desktop's folder, is the only place it can write, and it sees nothing else of this machine."""
         self._check()
@@ -466,16 +533,19 @@ class LocalDesktop(XInput):
             if not self.sandbox.enabled:
                 full = dict(self.env)
                 full.update(env or {})
-                p = self._popen(f"app-{len(self._procs)}", argv, full, group=0, cwd=cwd, stdout=out,
-                                stderr=subprocess.STDOUT)
+                p = self._popen(
+                    f"app-{len(self._procs)}", argv, full, group=0, cwd=cwd, stdout=out, stderr=subprocess.STDOUT
+                )
             else:
                 home = (env or {}).get("HOME")
                 if not home or not self._inside(home):
-                    raise DesktopError(f"a sealed app needs its HOME in this desktop's folder {self._tmp} "
-                                       f"(got {home!r})")
+                    raise DesktopError(
+                        f"a sealed app needs its HOME in this desktop's folder {self._tmp} (got {home!r})"
+                    )
                 wrapped, outer = self._seal(argv, [home], {**(env or {}), TOKEN_VAR: self.token}, cwd or home)
-                p = self._popen(f"app-{len(self._procs)}", wrapped, outer, group=0, stdout=out,
-                                stderr=subprocess.STDOUT)
+                p = self._popen(
+                    f"app-{len(self._procs)}", wrapped, outer, group=0, stdout=out, stderr=subprocess.STDOUT
+                )
                 self._sealed.append((p, home))
         finally:
             if log:
@@ -485,8 +555,9 @@ class LocalDesktop(XInput):
     def _inside(self, path: str) -> bool:
         return bool(self._tmp) and os.path.realpath(path).startswith(os.path.realpath(self._tmp) + os.sep)
 
-    def _seal(self, argv: Sequence[str], writable: Sequence[str], env: dict[str, str],
-              cwd: str) -> tuple[list[str], dict[str, str]]:
+    def _seal(
+        self, argv: Sequence[str], writable: Sequence[str], env: dict[str, str], cwd: str
+    ) -> tuple[list[str], dict[str, str]]:
         """(bwrap command line, the environment of bwrap itself) for a sealed program."""
         if writable:
             os.makedirs(os.path.join(writable[0], sb.RUNTIME), mode=0o700, exist_ok=True)
@@ -510,7 +581,7 @@ class LocalDesktop(XInput):
         inside = sb.sandbox_pids(proc.pid) if any(p is proc for p, _ in self._sealed) else []
         if inside:
             try:
-                os.kill(inside[0], signal.SIGKILL)   # the namespace's init: the kernel kills the rest
+                os.kill(inside[0], signal.SIGKILL)  # the namespace's init: the kernel kills the rest
             except ProcessLookupError:
                 pass
         try:
@@ -531,8 +602,9 @@ class LocalDesktop(XInput):
             if p is proc:
                 del self._procs[name]
 
-    def run(self, argv: Sequence[str], timeout: float = 30.0, *,
-            writable: Sequence[str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str], timeout: float = 30.0, *, writable: Sequence[str] | None = None
+    ) -> subprocess.CompletedProcess:
         """Run a command to completion. With `writable` (folders in this desktop's folder), it runs sealed as
         an app does, able to write only there (checks that run programs on what the agent made)."""
         self._check()
@@ -541,14 +613,13 @@ class LocalDesktop(XInput):
         bad = [w for w in writable if not self._inside(w)]
         if bad:
             raise DesktopError(f"a sealed command may write only in this desktop's folder, not {bad[0]!r}")
-        wrapped, outer = self._seal(argv, list(writable), {TOKEN_VAR: self.token},
-                                    writable[0] if writable else "/")
-        return subprocess.run(wrapped, env=outer, capture_output=True, timeout=timeout,
-                              start_new_session=True)
+        wrapped, outer = self._seal(argv, list(writable), {TOKEN_VAR: self.token}, writable[0] if writable else "/")
+        return subprocess.run(wrapped, env=outer, capture_output=True, timeout=timeout, start_new_session=True)
 
     def a11y(self) -> "A11yClient":
         """A connection to this desktop's AT-SPI bus (the caller closes it)."""
         from ...a11y import A11yClient
+
         address = self.env.get("AT_SPI_BUS_ADDRESS")
         if not address:
             raise DesktopError("this desktop is not started: it has no accessibility bus yet")
@@ -568,6 +639,7 @@ class LocalDesktop(XInput):
         namespace of its own: the request is made from inside it (setns on a thread of ours; needs root)."""
         import urllib.error
         import urllib.request
+
         if not (isinstance(port, int) and 0 < port < 65536) or not path.startswith("/"):
             raise ValueError(f"bad local URL port {port!r} path {path!r}")
         url = f"http://127.0.0.1:{port}{path}"
@@ -609,8 +681,8 @@ class LocalDesktop(XInput):
         return token_pids(self.token)
 
 
-
 def _disk_error(folder: str, e: OSError) -> str:
-    return (f"cannot write the desktop's files in {folder} ({e.strerror or e}): set TMPDIR to a writable "
-            f"folder with free space")
-
+    return (
+        f"cannot write the desktop's files in {folder} ({e.strerror or e}): set TMPDIR to a writable "
+        f"folder with free space"
+    )

@@ -1,5 +1,6 @@
 """Process hygiene of a desktop: a token in every process's environment, kill by group and by token, and the
 watchdog that cleans up when the process that made the desktop dies however it dies (its stdin closes)."""
+
 from __future__ import annotations
 
 import os
@@ -85,8 +86,14 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _cleanup(token: str, pgids: list[int], watchdog: subprocess.Popen | None, tmpdir: str | None,
-             display: int | None, deadline: "_Deadline | None" = None) -> None:
+def _cleanup(
+    token: str,
+    pgids: list[int],
+    watchdog: subprocess.Popen | None,
+    tmpdir: str | None,
+    display: int | None,
+    deadline: "_Deadline | None" = None,
+) -> None:
     if deadline is not None:
         deadline.close()
     kill_everything(token, pgids)
@@ -103,12 +110,10 @@ def _cleanup(token: str, pgids: list[int], watchdog: subprocess.Popen | None, tm
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-
 def token_pids(token: str) -> list[int]:
     """The processes (zombies included) that carry a desktop's token: what tests and benchmarks measure."""
     needle = f"{TOKEN_VAR}={token}".encode()
     return [int(e) for e in os.listdir("/proc") if e.isdigit() and _proc_has_token(int(e), needle)]
-
 
 
 def _watchdog_main(token: str, tmpdir: str) -> None:
@@ -127,4 +132,3 @@ def _watchdog_main(token: str, tmpdir: str) -> None:
             except ProcessLookupError:
                 pass
     _cleanup(token, sorted(set(pgids)), None, tmpdir, display)
-

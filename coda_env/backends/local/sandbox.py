@@ -20,6 +20,7 @@ The desktop's sockets (the X display, the session and accessibility buses) are b
 same paths, so the app cannot rename or replace them. `probe()` says once per process whether sandboxes
 can start here, and why not.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-RUNTIME = ".run"   # XDG_RUNTIME_DIR of a sealed program: in its home (toolkits want it 0700 and their own)
+RUNTIME = ".run"  # XDG_RUNTIME_DIR of a sealed program: in its home (toolkits want it 0700 and their own)
 
 
 class SandboxError(RuntimeError):
@@ -42,14 +43,21 @@ class SandboxError(RuntimeError):
 class SandboxConfig:
     """How apps are sealed. `uid`: the unprivileged user apps run as when the harness is root: `nobody`
     (65534) by default, since D-Bus refuses peers whose uid has no passwd entry, and `nobody` owns nothing."""
+
     enabled: bool = True
     uid: int = 65534
     system: tuple[str, ...] = ("/usr", "/etc", "/var/lib", "/var/cache")
-    extra_ro: tuple[str, ...] = ()          # more host folders to show read-only (an app installed in /opt)
+    extra_ro: tuple[str, ...] = ()  # more host folders to show read-only (an app installed in /opt)
     # environment names passed through from the desktop's own environment (set by the backend, not the user)
-    desktop_env: tuple[str, ...] = ("DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "AT_SPI_BUS_ADDRESS",
-                                    "QT_LINUX_ACCESSIBILITY_ALWAYS_ON", "QT_ACCESSIBILITY", "GTK_MODULES",
-                                    "NO_AT_BRIDGE")
+    desktop_env: tuple[str, ...] = (
+        "DISPLAY",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "AT_SPI_BUS_ADDRESS",
+        "QT_LINUX_ACCESSIBILITY_ALWAYS_ON",
+        "QT_ACCESSIBILITY",
+        "GTK_MODULES",
+        "NO_AT_BRIDGE",
+    )
     binds_ro: tuple[str, ...] = field(default=())  # host paths bound read-only at the same path (sockets)
 
 
@@ -57,8 +65,10 @@ class SandboxConfig:
 def probe(uid: int = SandboxConfig.uid) -> str | None:
     """None when a sandbox can start on this machine; else one line saying why and how to opt out."""
     if shutil.which("bwrap") is None:
-        return ("bubblewrap (bwrap) is not installed: run `make setup` (Debian's bubblewrap package), or pass "
-                "sandbox=False to gym.make (the app then runs unsealed, with your user's rights)")
+        return (
+            "bubblewrap (bwrap) is not installed: run `make setup` (Debian's bubblewrap package), or pass "
+            "sandbox=False to gym.make (the app then runs unsealed, with your user's rights)"
+        )
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return "setpriv (util-linux) is missing: it drops the apps' privileges; or pass sandbox=False"
     cfg = SandboxConfig(uid=uid)
@@ -69,26 +79,44 @@ def probe(uid: int = SandboxConfig.uid) -> str | None:
         return f"bubblewrap could not start a sandbox ({e}); pass sandbox=False to gym.make to run apps unsealed"
     if r.returncode != 0:
         why = r.stderr.decode(errors="replace").strip().splitlines()
-        return (f"bubblewrap cannot make a sandbox here ({why[-1] if why else 'exit ' + str(r.returncode)}; "
-                f"user namespaces may be off: sysctl user.max_user_namespaces / kernel.unprivileged_userns_clone)"
-                f": pass sandbox=False to gym.make to run apps unsealed")
+        return (
+            f"bubblewrap cannot make a sandbox here ({why[-1] if why else 'exit ' + str(r.returncode)}; "
+            f"user namespaces may be off: sysctl user.max_user_namespaces / kernel.unprivileged_userns_clone)"
+            f": pass sandbox=False to gym.make to run apps unsealed"
+        )
     return None
 
 
-def wrap_argv(argv: Sequence[str], config: SandboxConfig, writable: Sequence[str], ro_binds: Sequence[str],
-              env: Mapping[str, str], cwd: str | None, links: Mapping[str, str] | None = None,
-              keep_fds: Sequence[int] = ()) -> list[str]:
+def wrap_argv(
+    argv: Sequence[str],
+    config: SandboxConfig,
+    writable: Sequence[str],
+    ro_binds: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    links: Mapping[str, str] | None = None,
+    keep_fds: Sequence[int] = (),
+) -> list[str]:
     """The bwrap command line that runs `argv` sealed. `writable` folders and `ro_binds` paths appear at
     their host paths; `links` are symlinks made inside (link path -> target); `env` is the whole
     environment the program gets."""
     root = os.geteuid() == 0
-    a = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-uts",
-         "--unshare-cgroup-try", "--hostname", "coda"]
+    a = [
+        "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "coda",
+    ]
     if not root:
         a += ["--unshare-user", "--disable-userns"]
     shown = [d for d in (*config.system, *config.extra_ro) if os.path.isdir(d)]
     for d in sorted({str(q) for p in shown for q in Path(p).parents if str(q) != "/"}, key=lambda q: q.count("/")):
-        a += ["--perms", "0755", "--dir", d]   # (bwrap makes missing parents 0700: the user could not pass)
+        a += ["--perms", "0755", "--dir", d]  # (bwrap makes missing parents 0700: the user could not pass)
     for d in shown:
         a += ["--ro-bind", d, d]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -97,14 +125,34 @@ def wrap_argv(argv: Sequence[str], config: SandboxConfig, writable: Sequence[str
             a += ["--symlink", os.readlink(p), p]
         elif os.path.isdir(p):
             a += ["--ro-bind", p, p]
-    a += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
-          "--perms", "1777", "--tmpfs", "/dev/shm", "--perms", "0755", "--tmpfs", "/run",
-          "--perms", "0700", "--dir", "/run/user"]
+    a += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/dev/shm",
+        "--perms",
+        "0755",
+        "--tmpfs",
+        "/run",
+        "--perms",
+        "0700",
+        "--dir",
+        "/run/user",
+    ]
     # the folders above what is bound in: bwrap would make them 0700 (root's), which the user cannot pass
     above = {str(q) for p in (*writable, *ro_binds, *(links or {})) for q in Path(p).parents if str(q) != "/"}
     for d in sorted(above, key=lambda q: q.count("/")):
-        if d not in ("/tmp", "/run") and not any(d == s or d.startswith(s + "/")
-                                                 for s in (*config.system, *config.extra_ro, "/proc", "/dev")):
+        if d not in ("/tmp", "/run") and not any(
+            d == s or d.startswith(s + "/") for s in (*config.system, *config.extra_ro, "/proc", "/dev")
+        ):
             a += ["--perms", "0755", "--dir", d]
     for w in writable:
         a += ["--bind", w, w]
@@ -118,20 +166,29 @@ def wrap_argv(argv: Sequence[str], config: SandboxConfig, writable: Sequence[str
     if cwd:
         a += ["--chdir", cwd]
     if root:
-        a += ["--cap-add", "CAP_SETUID,CAP_SETGID", "--",
-              "setpriv", f"--reuid={config.uid}", f"--regid={config.uid}", "--clear-groups",
-              "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
+        a += [
+            "--cap-add",
+            "CAP_SETUID,CAP_SETGID",
+            "--",
+            "setpriv",
+            f"--reuid={config.uid}",
+            f"--regid={config.uid}",
+            "--clear-groups",
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            "--no-new-privs",
+        ]
     else:
         a += ["--"]
     return a + list(argv)
 
 
-def sandbox_env(config: SandboxConfig, desktop_env: Mapping[str, str], app_env: Mapping[str, str] | None,
-                home: str | None) -> dict[str, str]:
+def sandbox_env(
+    config: SandboxConfig, desktop_env: Mapping[str, str], app_env: Mapping[str, str] | None, home: str | None
+) -> dict[str, str]:
     """The allow-listed environment of a sealed program: a safe PATH, locale, a private runtime folder, the
     desktop's display and buses, then what the adapter sets. Nothing else of the harness's environment."""
-    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": "/tmp",
-           "XDG_RUNTIME_DIR": "/run/user"}
+    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TMPDIR": "/tmp", "XDG_RUNTIME_DIR": "/run/user"}
     if home:
         env["HOME"] = home
         env["XDG_RUNTIME_DIR"] = os.path.join(home, RUNTIME)
@@ -187,6 +244,7 @@ def http_get_in_netns(bwrap_pid: int, port: int, path: str, timeout: float) -> b
     import ctypes
     import http.client
     import threading
+
     inner = _children(bwrap_pid)
     if not inner:
         raise OSError(f"the sandbox of process {bwrap_pid} has no process inside")

@@ -1,5 +1,6 @@
 """X input: the key and button tables, a pure key plan (what goes down and up for an action, testable
 without an X server), and XTest input on the desktop's display with what it holds down tracked."""
+
 from __future__ import annotations
 
 import time
@@ -12,28 +13,89 @@ from ..base import DesktopError
 # point). Keys of other platforms follow the X keysyms that Chromium's key tables pair them with. Names whose
 # key X has no keysym for at all are in NO_KEYSYM: pressing one is an ActionError, never a crash.
 _KEYSYM_NAMES = {
-    "enter": "Return", "tab": "Tab", "esc": "Escape", "backspace": "BackSpace", "delete": "Delete",
-    "space": "space", "up": "Up", "down": "Down", "left": "Left", "right": "Right", "home": "Home",
-    "end": "End", "pageup": "Prior", "pagedown": "Next", "insert": "Insert", "ctrl": "Control_L",
-    "ctrlleft": "Control_L", "ctrlright": "Control_R", "shift": "Shift_L", "shiftleft": "Shift_L",
-    "shiftright": "Shift_R", "alt": "Alt_L", "altleft": "Alt_L", "altright": "Alt_R", "option": "Alt_L",
-    "optionleft": "Alt_L", "optionright": "Alt_R", "win": "Super_L", "winleft": "Super_L",
-    "winright": "Super_R", "command": "Super_L", "super": "Super_L", "capslock": "Caps_Lock",
-    "numlock": "Num_Lock", "scrolllock": "Scroll_Lock", "printscreen": "Print", "prtsc": "Print",
-    "prtscr": "Print", "prntscrn": "Print", "print": "Print", "pause": "Pause", "apps": "Menu",
-    "menu": "Menu", "clear": "Clear", "help": "Help", "select": "Select", "execute": "Execute",
-    "add": "KP_Add", "subtract": "KP_Subtract", "multiply": "KP_Multiply", "divide": "KP_Divide",
-    "decimal": "KP_Decimal", "separator": "KP_Separator", "yen": "yen",
-    "convert": "Henkan_Mode", "nonconvert": "Muhenkan", "kana": "Hiragana_Katakana", "kanji": "Kanji",
-    "hangul": "Hangul", "hanguel": "Hangul", "hanja": "Hangul_Hanja", "junja": "Hangul_Jeonja",
+    "enter": "Return",
+    "tab": "Tab",
+    "esc": "Escape",
+    "backspace": "BackSpace",
+    "delete": "Delete",
+    "space": "space",
+    "up": "Up",
+    "down": "Down",
+    "left": "Left",
+    "right": "Right",
+    "home": "Home",
+    "end": "End",
+    "pageup": "Prior",
+    "pagedown": "Next",
+    "insert": "Insert",
+    "ctrl": "Control_L",
+    "ctrlleft": "Control_L",
+    "ctrlright": "Control_R",
+    "shift": "Shift_L",
+    "shiftleft": "Shift_L",
+    "shiftright": "Shift_R",
+    "alt": "Alt_L",
+    "altleft": "Alt_L",
+    "altright": "Alt_R",
+    "option": "Alt_L",
+    "optionleft": "Alt_L",
+    "optionright": "Alt_R",
+    "win": "Super_L",
+    "winleft": "Super_L",
+    "winright": "Super_R",
+    "command": "Super_L",
+    "super": "Super_L",
+    "capslock": "Caps_Lock",
+    "numlock": "Num_Lock",
+    "scrolllock": "Scroll_Lock",
+    "printscreen": "Print",
+    "prtsc": "Print",
+    "prtscr": "Print",
+    "prntscrn": "Print",
+    "print": "Print",
+    "pause": "Pause",
+    "apps": "Menu",
+    "menu": "Menu",
+    "clear": "Clear",
+    "help": "Help",
+    "select": "Select",
+    "execute": "Execute",
+    "add": "KP_Add",
+    "subtract": "KP_Subtract",
+    "multiply": "KP_Multiply",
+    "divide": "KP_Divide",
+    "decimal": "KP_Decimal",
+    "separator": "KP_Separator",
+    "yen": "yen",
+    "convert": "Henkan_Mode",
+    "nonconvert": "Muhenkan",
+    "kana": "Hiragana_Katakana",
+    "kanji": "Kanji",
+    "hangul": "Hangul",
+    "hanguel": "Hangul",
+    "hanja": "Hangul_Hanja",
+    "junja": "Hangul_Jeonja",
     "modechange": "Mode_switch",
-    "volumeup": "XF86_AudioRaiseVolume", "volumedown": "XF86_AudioLowerVolume", "volumemute": "XF86_AudioMute",
-    "playpause": "XF86_AudioPlay", "nexttrack": "XF86_AudioNext", "prevtrack": "XF86_AudioPrev",
-    "stop": "XF86_AudioStop", "browserback": "XF86_Back", "browserforward": "XF86_Forward",
-    "browserrefresh": "XF86_Refresh", "browserhome": "XF86_HomePage", "browsersearch": "XF86_Search",
-    "browserstop": "XF86_Stop", "browserfavorites": "XF86_Favorites", "launchmail": "XF86_Mail",
-    "launchmediaselect": "XF86_AudioMedia", "launchapp1": "XF86_MyComputer", "launchapp2": "XF86_Calculator",
-    "sleep": "XF86_Sleep", "fn": "XF86_WakeUp",
+    "volumeup": "XF86_AudioRaiseVolume",
+    "volumedown": "XF86_AudioLowerVolume",
+    "volumemute": "XF86_AudioMute",
+    "playpause": "XF86_AudioPlay",
+    "nexttrack": "XF86_AudioNext",
+    "prevtrack": "XF86_AudioPrev",
+    "stop": "XF86_AudioStop",
+    "browserback": "XF86_Back",
+    "browserforward": "XF86_Forward",
+    "browserrefresh": "XF86_Refresh",
+    "browserhome": "XF86_HomePage",
+    "browsersearch": "XF86_Search",
+    "browserstop": "XF86_Stop",
+    "browserfavorites": "XF86_Favorites",
+    "launchmail": "XF86_Mail",
+    "launchmediaselect": "XF86_AudioMedia",
+    "launchapp1": "XF86_MyComputer",
+    "launchapp2": "XF86_Calculator",
+    "sleep": "XF86_Sleep",
+    "fn": "XF86_WakeUp",
 }
 _KEYSYM_NAMES.update({f"f{i}": f"F{i}" for i in range(1, 25)})
 _KEYSYM_NAMES.update({f"num{i}": f"KP_{i}" for i in range(10)})
@@ -43,6 +105,7 @@ NO_KEYSYM = frozenset({"accept", "final"})
 
 def _keysym_table() -> dict[str, int]:
     from Xlib import XK
+
     for group in ("xf86", "korean"):
         XK.load_keysym_group(group)
     table = {}
@@ -87,8 +150,10 @@ class XInput:
 
     def pressed(self) -> dict[str, list[str]]:
         """What input() holds down now: {"keys": key names, "buttons": button names} (keyDown/mouseDown)."""
-        return {"keys": sorted(set(self._held_keys.values())),
-                "buttons": sorted(_BUTTON_NAMES.get(b, str(b)) for b in self._held_buttons)}
+        return {
+            "keys": sorted(set(self._held_keys.values())),
+            "buttons": sorted(_BUTTON_NAMES.get(b, str(b)) for b in self._held_buttons),
+        }
 
     def input(self, action: Action) -> None:
         """Perform one action. An unknown key is an ActionError before anything is pressed; an action that
@@ -106,6 +171,7 @@ class XInput:
     def _perform(self, action: Action) -> None:
         from Xlib import X
         from Xlib.ext import xtest
+
         d, k = self._xlib, action.kind
         if k in ("press", "hotkey", "key_down", "key_up"):
             for key in action.keys:  # fail before pressing anything
@@ -146,6 +212,7 @@ class XInput:
     def _button(self, b: int, down: bool) -> None:
         from Xlib import X
         from Xlib.ext import xtest
+
         xtest.fake_input(self._xlib, X.ButtonPress if down else X.ButtonRelease, b)
         if down:
             self._held_buttons.add(b)
@@ -155,6 +222,7 @@ class XInput:
     def _move(self, x: int | None, y: int | None) -> None:
         from Xlib import X
         from Xlib.ext import xtest
+
         if x is None or y is None:
             p = self._xlib.screen().root.query_pointer()
             x = p.root_x if x is None else x
@@ -164,6 +232,7 @@ class XInput:
     def _drag(self, a: Action) -> None:
         from Xlib import X
         from Xlib.ext import xtest
+
         d = self._xlib
         p = d.screen().root.query_pointer()
         x0, y0 = p.root_x, p.root_y
@@ -172,8 +241,9 @@ class XInput:
         d.sync()
         steps = 12  # toolkits start a drag only after several motion events
         for i in range(1, steps + 1):
-            xtest.fake_input(d, X.MotionNotify, x=round(x0 + (a.x - x0) * i / steps),
-                             y=round(y0 + (a.y - y0) * i / steps))
+            xtest.fake_input(
+                d, X.MotionNotify, x=round(x0 + (a.x - x0) * i / steps), y=round(y0 + (a.y - y0) * i / steps)
+            )
             d.sync()
             time.sleep(max(a.seconds, 0.06) / steps)
         self._button(b, False)
@@ -197,8 +267,10 @@ class XInput:
         else:
             victim = next((ks for ks, c in self._bound.items() if c not in self._held_keys), None)
             if victim is None:
-                raise ActionError(f"cannot type keysym {keysym:#x}: all {len(self._spare)} spare keycodes are "
-                                  f"bound to keys held down now")
+                raise ActionError(
+                    f"cannot type keysym {keysym:#x}: all {len(self._spare)} spare keycodes are "
+                    f"bound to keys held down now"
+                )
             kc = self._bound.pop(victim)
         d.change_keyboard_mapping(kc, [(keysym, keysym)])
         self._bound[keysym] = kc
@@ -207,8 +279,9 @@ class XInput:
     def _keysym(self, key: str) -> int:
         """The keysym of a key name; ActionError for a name X has no key for."""
         if key in NO_KEYSYM:
-            raise ActionError(f"key {key!r} has no X keysym (it is a Windows IME key), so the local desktop "
-                              f"cannot press it")
+            raise ActionError(
+                f"key {key!r} has no X keysym (it is a Windows IME key), so the local desktop cannot press it"
+            )
         ks = _KEYSYMS.get(key)
         if ks is None and len(key) == 1:
             cp = ord(key)
@@ -220,6 +293,7 @@ class XInput:
     def _key(self, key: str, down: bool) -> None:
         from Xlib import X
         from Xlib.ext import xtest
+
         kc, shift = self._keycode(self._keysym(key))
         shift_kc = self._keycode(_KEYSYMS["shift"])[0] if shift else 0
         if shift and down:
@@ -240,6 +314,7 @@ class XInput:
             return
         from Xlib import X
         from Xlib.ext import xtest
+
         try:
             with self._x("releasing the keys of a failed action"):
                 for kc in keys:
@@ -258,6 +333,7 @@ class XInput:
         Asks the server, not only our bookkeeping: it also catches what a failed action left behind."""
         from Xlib import X, XK
         from Xlib.ext import xtest
+
         if not self.alive():  # a dead or frozen desktop holds nothing: the next reset rebuilds it
             self._held_keys.clear()
             self._held_buttons.clear()
@@ -288,4 +364,3 @@ class XInput:
             d.sync()
         self._held_keys.clear()
         self._held_buttons.clear()
-

@@ -8,6 +8,7 @@ Three fixes, each idempotent:
    write one `<bundle>.dist-info` per bundle from bundles.json (see tools/chimerax_gen_bundles.py), each listing the
    bundle's packages in RECORD so the toolshed can map modules to bundles.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,15 @@ def patch_grako(site: Path) -> int:
     n = 0
     for f in (site / "grako").glob("*.py"):
         src = f.read_text()
-        new = re.sub(r"^from collections import defaultdict, Mapping$",
-                     "from collections import defaultdict\nfrom collections.abc import Mapping", src, flags=re.M)
-        new = re.sub(r"^from collections import (Callable|Mapping)$", r"from collections.abc import \1",
-                     new, flags=re.M)
+        new = re.sub(
+            r"^from collections import defaultdict, Mapping$",
+            "from collections import defaultdict\nfrom collections.abc import Mapping",
+            src,
+            flags=re.M,
+        )
+        new = re.sub(
+            r"^from collections import (Callable|Mapping)$", r"from collections.abc import \1", new, flags=re.M
+        )
         new = re.sub(r"\bcollections\.(Mapping|Callable)\b", r"collections.abc.\1", new)
         if new != src:
             if "import collections.abc" not in new and "collections.abc." in new:
@@ -62,8 +68,7 @@ def write_metadata(site: Path) -> tuple[int, list[str]]:
             continue
         d = site / f"{b['name'].replace('-', '_')}-{b['version']}.dist-info"
         d.mkdir(exist_ok=True)
-        lines = ["Metadata-Version: 2.1", f"Name: {b['name']}", f"Version: {b['version']}",
-                 f"Summary: {b['synopsis']}"]
+        lines = ["Metadata-Version: 2.1", f"Name: {b['name']}", f"Version: {b['version']}", f"Summary: {b['synopsis']}"]
         lines += [f"Requires-Dist: {r}" for r in b["requires"]]
         lines += [f"Classifier: {c}" for c in b["classifiers"]]
         (d / "METADATA").write_text("\n".join(lines) + "\n\n" + b["synopsis"] + "\n")
@@ -81,8 +86,10 @@ def main() -> None:
     g = patch_grako(site)
     install_nogui(site)
     n, missing = write_metadata(site)
-    print(f"chimerax-engine: grako files patched {g}, nogui installed, bundle metadata {n} "
-          f"(not in the wheel: {len(missing)}: {', '.join(missing)})")
+    print(
+        f"chimerax-engine: grako files patched {g}, nogui installed, bundle metadata {n} "
+        f"(not in the wheel: {len(missing)}: {', '.join(missing)})"
+    )
 
 
 if __name__ == "__main__":

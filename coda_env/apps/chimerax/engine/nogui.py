@@ -7,6 +7,7 @@ input; this one is built to be a server: its event loop runs functions other thr
 (or a signal). It reads commands from stdin too when stdin is a terminal or CHIMERAX_NOGUI_STDIN=1; end of
 input then stops reading, not the program.
 """
+
 import os
 import queue
 import sys
@@ -20,13 +21,16 @@ from .state import State
 class NoGuiLog(PlainTextLog):
     """Prints log messages to stdout (level-tagged), and status lines."""
 
-    _names = {PlainTextLog.LEVEL_INFO: "INFO", PlainTextLog.LEVEL_WARNING: "WARNING",
-              PlainTextLog.LEVEL_ERROR: "ERROR", PlainTextLog.LEVEL_BUG: "BUG"}
+    _names = {
+        PlainTextLog.LEVEL_INFO: "INFO",
+        PlainTextLog.LEVEL_WARNING: "WARNING",
+        PlainTextLog.LEVEL_ERROR: "ERROR",
+        PlainTextLog.LEVEL_BUG: "BUG",
+    }
 
     def log(self, level, msg):
         try:
-            print(f"{self._names.get(level, 'INFO')}:\n{msg}", end="" if msg.endswith("\n") else "\n",
-                  flush=True)
+            print(f"{self._names.get(level, 'INFO')}:\n{msg}", end="" if msg.endswith("\n") else "\n", flush=True)
         except (ValueError, OSError):  # stdout closed
             pass
         return True
@@ -69,6 +73,7 @@ class UI:
         """OSMesa rendering (PYOPENGL_PLATFORM=osmesa), so `save image.png` works without a display."""
         session = self._session()
         from chimerax import graphics
+
         try:
             context = graphics.OffScreenRenderingContext()
         except Exception as e:
@@ -115,6 +120,7 @@ class UI:
                 raise
             except Exception:
                 import traceback
+
                 session = self._session()
                 if session is not None:
                     session.logger.bug(traceback.format_exc())
@@ -138,6 +144,7 @@ class UI:
             if text:
                 from . import errors
                 from .commands import run
+
                 session = self._session()
                 try:
                     run(session, text)
