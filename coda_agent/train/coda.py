@@ -577,9 +577,11 @@ def run_rounds(cfg: CodaConfig, progress: bool = True) -> list[dict]:
     if not cfg.env:
         raise ValueError("--rounds needs --env (the env whose tasks the loop runs live)")
     if _world_size() > 1:
-        raise ValueError("the loop runs in one process (its live runs drive the desktops); to train each round on "
-                         "several GPUs give --launcher \"accelerate launch --config_file ...\" instead of launching "
-                         "the loop itself")
+        raise ValueError(
+            "the loop runs in one process (its live runs drive the desktops); to train each round on "
+            'several GPUs give --launcher "accelerate launch --config_file ..." instead of launching '
+            "the loop itself"
+        )
     from .common import probe_env
 
     env = probe_env(cfg.env, cfg.episode_steps)
