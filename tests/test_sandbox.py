@@ -396,3 +396,25 @@ def test_as_a_plain_user_the_sandbox_keeps_the_users_uid_and_allows_no_namespace
     assert got["out"][0] == "65534" and "wrote" in got["out"], got
     assert "userns-refused" in got["out"], got
     assert "No such file" in got["out"][2], got  # the user's home (root's here) is not there at all
+
+
+@needs_texstudio
+def test_texstudio_terminal_tab_runs_no_shell():
+    """The bottom panel's Terminal tab (a shell in a stock TeXstudio) runs `true` in the profile the env
+    writes: what is typed there runs nothing, so its sentinel files never appear in the home."""
+    env = CodaEnv(app="texstudio", max_steps=50)
+    try:
+        env.reset(options={"task": "build_pdf"})
+        home = Path(env.unwrapped._home)
+        rows = [line.split("\t") for line in env.unwrapped.app.a11y_text(env.unwrapped.desktop).splitlines()]
+        tab = next(r for r in rows if r[:2] == ["page tab", "Terminal"])
+        x, y, w, h = (int(v) for v in tab[3].split(","))
+        env.step(f"pyautogui.click({x + w // 2}, {y + h // 2})")
+        env.step(f"pyautogui.click({x + w // 2}, {y + h + 60})")      # into the terminal's area
+        env.step("pyautogui.write('id > ~/probe_term; env > ~/probe_env\\n')")
+        env.step("WAIT")
+        env.step("WAIT")
+        assert not home.joinpath("probe_term").exists() and not home.joinpath("probe_env").exists()
+        assert not (home / "atelier" / "probe_term").exists()
+    finally:
+        env.close()
