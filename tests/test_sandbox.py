@@ -349,7 +349,7 @@ def test_a_second_app_of_the_same_name_is_never_read_in_the_apps_place(kalgebra_
 NONROOT = r"""
 import json, os, subprocess, sys, tempfile
 sys.path[:0] = sys.argv[1:]
-from coda_env.backends import sandbox as sb
+from coda_env.backends.local import sandbox as sb
 why = sb.probe()
 home = tempfile.mkdtemp()
 argv = sb.wrap_argv(["sh", "-c", "id -u; touch $HOME/x && echo wrote; ls -A /root 2>&1 | head -1; "
