@@ -410,7 +410,7 @@ def test_texstudio_terminal_tab_runs_no_shell():
         tab = next(r for r in rows if r[:2] == ["page tab", "Terminal"])
         x, y, w, h = (int(v) for v in tab[3].split(","))
         env.step(f"pyautogui.click({x + w // 2}, {y + h // 2})")
-        env.step(f"pyautogui.click({x + w // 2}, {y + h + 60})")      # into the terminal's area
+        env.step(f"pyautogui.click({x + w // 2}, {y + h + 60})")  # into the terminal's area
         env.step("pyautogui.write('id > ~/probe_term; env > ~/probe_env\\n')")
         env.step("WAIT")
         env.step("WAIT")
