@@ -128,13 +128,14 @@ def main() -> None:
     ap.add_argument("--states-per-step", type=int, default=4, help="coda: states per optimizer step")
     ap.add_argument("--coda-steps", type=int, default=4, help="coda: optimizer steps (the median of all but the first)")
     a = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="coda-bench-"))
-    planner_dir = a.planner or build_tiny_qwen2_5_vl(tmp / "planner")
-    if "grpo" in a.method:
-        executor_dir = a.executor or build_tiny_qwen2_5_vl(tmp / "executor", seed=1)
-        bench_grpo(a, tmp, planner_dir, executor_dir)
-    if "coda" in a.method:
-        bench_coda(a, tmp, planner_dir)
+    with tempfile.TemporaryDirectory(prefix="coda-bench-") as folder:  # tiny models and runs: removed after
+        tmp = Path(folder)
+        planner_dir = a.planner or build_tiny_qwen2_5_vl(tmp / "planner")
+        if "grpo" in a.method:
+            executor_dir = a.executor or build_tiny_qwen2_5_vl(tmp / "executor", seed=1)
+            bench_grpo(a, tmp, planner_dir, executor_dir)
+        if "coda" in a.method:
+            bench_coda(a, tmp, planner_dir)
 
 
 if __name__ == "__main__":
