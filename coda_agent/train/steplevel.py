@@ -33,22 +33,10 @@ from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProce
 from transformers.processing_utils import ProcessorMixin
 
 from ..models import VISION_TOKENS, Conversation, to_pil
+from ..states import COLUMNS
 
-# The columns of a state dataset (coda_agent.states): what the planner saw at one step and the labelled action.
-STATE_COLUMNS = (
-    "id",
-    "app",
-    "task",
-    "step",
-    "source",
-    "instruction",
-    "history",
-    "images",
-    "target",
-    "box",
-    "radius",
-    "screen",
-)
+# The columns a state dataset (coda_agent.states) must have: all but the optional a11y table.
+STATE_COLUMNS = tuple(c for c in COLUMNS if c != "a11y")
 
 
 # ------------------------------------------------------------------------------------------ the processor
