@@ -377,14 +377,18 @@ def test_a11y_text_is_the_same_through_a_vm_guests_reader():
     try:
         env.reset(options={"task": "build_pdf"})
         app, desk = env.unwrapped.app, env.unwrapped.desktop
-        reads = [app.a11y_text(desk)]
-        while len(reads) < 10 and (len(reads) < 2 or reads[-1] != reads[-2]):  # the GUI has settled
-            reads.append(app.a11y_text(desk))
-        local = reads[-1]
         guest = type(app)()
         guest._proc, guest.a11y_name = app._proc, app.a11y_name
-        remote = guest.a11y_text(_GuestView(desk))
-        assert len(local.splitlines()) > 10 and "main.tex" in local
-        assert remote in (local, app.a11y_text(desk))
+        # TeXstudio fills its status bar a while after the window settles (seen in CI: two equal reads, then
+        # the status bar's buttons appeared), so compare a guest read with the local reads on either side of
+        # it, a few times, until the GUI has stopped changing between them.
+        for _ in range(8):
+            before = app.a11y_text(desk)
+            remote = guest.a11y_text(_GuestView(desk))
+            after = app.a11y_text(desk)
+            if before == after:
+                break
+        assert len(after.splitlines()) > 10 and "main.tex" in after
+        assert remote in (before, after)
     finally:
         env.close()
