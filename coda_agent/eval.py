@@ -21,10 +21,10 @@ import gymnasium as gym
 import numpy as np
 
 from coda_env.backends import BACKENDS
-from coda_env.runs import TrajectoryWriter, append_jsonl, check_config, load_finished, read_jsonl
+from coda_env.runs import check_config, load_finished, read_jsonl
 
 from .policy import Agent
-from .rollout import make_vector_env, run_episodes, step_record, unbatch_info  # noqa: F401
+from .rollout import RunRecorder, make_vector_env, run_episodes, step_record, unbatch_info  # noqa: F401
 
 
 def run_eval(
@@ -76,22 +76,16 @@ def run_eval(
     )
     successes = sum(r["success"] for r in finished.values())
     if queue:
-        slots: dict[int, TrajectoryWriter] = {}
-        done_path = out / "episodes.jsonl"
-
-        def on_start(i, task, ep, shot):
-            slots[i] = TrajectoryWriter(out, task, ep, shot)
+        recorder = RunRecorder(out)
 
         def on_step(i, st, shot, reward, info, agent_s):
-            ep = slots[i]
-            ep.record(step_record(st), shot, reward, info, agent_s)
+            ep = recorder.step(i, st, shot, reward, info, agent_s)
             bar.set_postfix_str(f"{ep.task.id} step {ep.steps} | successes {successes}", refresh=False)
 
         def on_end(i, reward, info):
             nonlocal successes
-            rec = slots.pop(i).finish(reward, info)
+            rec = recorder.end(i, reward, info)
             finished[(rec["task"], rec["episode"])] = rec
-            append_jsonl(done_path, rec)
             successes += rec["success"]
             bar.update(1)
             bar.set_postfix_str(f"successes {successes}")
@@ -99,10 +93,9 @@ def run_eval(
         n = max(1, min(num_envs, len(queue)))
         envs = make_envs(n) if make_envs is not None else make_vector_env(env_id, n, **env_kwargs)
         try:
-            run_episodes(envs, agent, tasks, queue, on_start, on_step, on_end, seed=seed)
+            run_episodes(envs, agent, tasks, queue, recorder.start, on_step, on_end, seed=seed)
         finally:
-            for s in slots.values():
-                s.close()
+            recorder.close()
             envs.close()
     bar.close()
     records = [finished[(t, e)] for t in ids for e in range(episodes) if (t, e) in finished]

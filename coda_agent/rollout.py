@@ -27,6 +27,7 @@ from .types import Agent, AgentStep, Role, Sample
 __all__ = [
     "Role",
     "Rollout",
+    "RunRecorder",
     "Sample",
     "collect_groups",
     "make_vector_env",
@@ -59,6 +60,44 @@ def step_record(step: AgentStep) -> dict:
         "parse_errors": step.parse_errors,
         "calls": step.calls,
     }
+
+
+class RunRecorder:
+    """A run folder written as the episodes happen (what `coda eval` and the trainers' `out` share): one
+    TrajectoryWriter per env slot (out/trajectories/<task>__<episode>/), and each finished episode's record
+    appended to out/episodes.jsonl, which a rerun resumes from. `close()` closes the episodes still open (an
+    interrupted run keeps every step it took); it is a context manager for that."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.writers: dict[int, TrajectoryWriter] = {}
+
+    def start(self, slot: int, task, episode: int, shot: np.ndarray) -> None:
+        self.writers[slot] = TrajectoryWriter(self.out, task, episode, shot)
+
+    def step(self, slot: int, step: AgentStep, shot: np.ndarray, reward: float, info: dict, agent_s: float):
+        """Record one step of the episode in `slot`; returns its writer (task, steps so far)."""
+        w = self.writers[slot]
+        w.record(step_record(step), shot, reward, info, agent_s)
+        return w
+
+    def end(self, slot: int, reward: float, info: dict) -> dict:
+        """Finish the episode in `slot`: its record, also appended to episodes.jsonl."""
+        rec = self.writers.pop(slot).finish(reward, info)
+        append_jsonl(self.out / "episodes.jsonl", rec)
+        return rec
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+        self.writers.clear()
+
+    def __enter__(self) -> "RunRecorder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def make_vector_env(env_id: str, num_envs: int, **env_kwargs) -> gym.vector.VectorEnv:
@@ -199,14 +238,12 @@ def collect_groups(
     rollouts = [Rollout(t, tasks[t].app, group_key(t, g)) for g, t in enumerate(task_ids) for _ in range(group_size)]
     index = {q: k for k, q in enumerate(queue)}
     current: dict[int, Rollout] = {}
-    writers: dict[int, TrajectoryWriter] = {}
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    recorder = RunRecorder(out) if out is not None else None
 
     def on_start(slot, task, ep, shot):
         current[slot] = rollouts[index[(task.id, ep)]]
-        if out is not None:
-            writers[slot] = TrajectoryWriter(out, task, ep, shot)
+        if recorder is not None:
+            recorder.start(slot, task, ep, shot)
 
     def on_step(slot, step, shot, reward, info, agent_s):
         r = current[slot]
@@ -225,8 +262,8 @@ def collect_groups(
                 "action_error": info.get("action_error"),
             }
         )
-        if slot in writers:
-            writers[slot].record(step_record(step), shot, reward, info, agent_s)
+        if recorder is not None:
+            recorder.step(slot, step, shot, reward, info, agent_s)
 
     def on_end(slot, reward, info):
         r = current.pop(slot)
@@ -234,12 +271,12 @@ def collect_groups(
         for sample in r.samples:
             if sample.reward is None:
                 sample.reward = reward
-        if slot in writers:
-            append_jsonl(out / "episodes.jsonl", writers.pop(slot).finish(reward, info))
+        if recorder is not None:
+            recorder.end(slot, reward, info)
 
     try:
         run_episodes(envs, agent, tasks, queue, on_start, on_step, on_end, seed=seed)
     finally:
-        for w in writers.values():
-            w.close()
+        if recorder is not None:
+            recorder.close()
     return rollouts

@@ -267,3 +267,29 @@ def test_a_set_up_failure_is_one_failed_episode_on_real_kalgebra(tmp_path, capsy
     assert "set-up failed" in recs["bad_plot"]["error"] and "did not add the 2D function" in recs["bad_plot"]["error"]
     summary = json.loads((out / "results.json").read_text())["summary"]
     assert summary["overall"] == {"n": 3, "success": 2, "rate": round(2 / 3, 4)}
+
+
+@pytest.mark.fast
+def test_run_recorder_writes_as_it_goes_and_keeps_an_interrupted_episode(tmp_path):
+    """The one run recorder of `coda eval` and the trainers: steps are on disk as they happen, a finished
+    episode is in episodes.jsonl, and one still open at close() keeps its steps but is not marked finished
+    (so a rerun redoes it)."""
+    from coda_agent.rollout import RunRecorder
+    from coda_agent.types import AgentStep
+    from coda_env.runs import load_finished
+
+    shot = np.zeros((8, 8, 3), np.uint8)
+    tasks = load_tasks("kalgebra")
+    a, b = tasks["calc_power"], tasks[next(t for t in tasks if t != "calc_power")]
+    with RunRecorder(tmp_path / "run") as rec:
+        rec.start(0, a, 0, shot)
+        rec.start(1, b, 0, shot)
+        w = rec.step(0, AgentStep(action="CLICK 1 2", thought="t"), shot, 0.0, {}, 0.1)
+        assert (w.task.id, w.steps) == ("calc_power", 1)
+        rec.step(1, AgentStep(action="WAIT"), shot, 0.0, {}, 0.1)
+        assert _lines(tmp_path / "run" / "trajectories" / "calc_power__0" / "steps.jsonl")[0]["action"] == "CLICK 1 2"
+        done = rec.end(0, 1.0, {"success": True})
+        assert done["task"] == "calc_power" and done["success"]
+    finished = load_finished(tmp_path / "run")
+    assert list(finished) == [("calc_power", 0)]
+    assert _lines(tmp_path / "run" / "trajectories" / f"{b.id}__0" / "steps.jsonl")[0]["action"] == "WAIT"
