@@ -10,6 +10,7 @@ episode. Episodes in flight when a run dies are redone from the start on the rer
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import math
@@ -114,10 +115,17 @@ def run_eval(
     return summary
 
 
+# env settings that change how fast episodes run, never their results: not part of a run's config (a rerun
+# with another value resumes)
+SPEED_ONLY = frozenset({"swap_reset", "info_timings"})
+
+
 def py_config(env_kwargs: dict) -> dict:
     """The env settings that change results, as JSON (a scorer object is named by its class)."""
     out = {}
     for k, v in env_kwargs.items():
+        if k in SPEED_ONLY:
+            continue
         if k == "reward" and not isinstance(v, str):
             cfg = getattr(v, "config", None)
             v = {
@@ -330,6 +338,13 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--judge-threshold", type=float, default=0.5, help="judge success = score >= this")
     p.add_argument("--backend", default="local", choices=tuple(BACKENDS), help="where the desktops run")
+    p.add_argument(
+        "--swap-reset",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prepare each env's next episode on a second desktop while one runs, so a reset is a swap "
+        "(default: on where the process has at least 4 cores)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the agent's sampling and the envs")
     p.add_argument("--out", default=None, help="run folder (default: runs/AGENT-DATE); rerun to resume")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -349,6 +364,8 @@ def main_eval(args) -> int:
         env_kwargs["task_dirs"] = [str(Path(d).resolve()) for d in args.tasks_dir]
     if args.backend != "local":
         env_kwargs["backend"] = args.backend
+    if args.swap_reset is not None:
+        env_kwargs["swap_reset"] = args.swap_reset
     if args.judge:
         from .judge import Judge, JudgeConfig
 

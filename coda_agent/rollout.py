@@ -147,6 +147,7 @@ def run_episodes(
     autoreset = np.zeros(n, dtype=bool)  # envs that reset on the next step (NEXT_STEP mode)
     failed = np.zeros(n, dtype=bool)  # envs whose reset failed: their next step ends that episode
     while True:
+        started = []
         for i in np.flatnonzero(fresh):
             if pending[i] is not None:
                 tid, ep = pending[i]
@@ -154,7 +155,9 @@ def run_episodes(
                 got = info.get("task")
                 if got != tid:
                     raise RuntimeError(f"env {i} reset to task {got!r}, expected {tid!r}")
-                pending[i] = None
+                # each env's next task is reserved when it starts one, so that it can prepare it (swap_reset)
+                pending[i] = queue.pop(0) if queue else None
+                started.append(int(i))
                 if info.get("setup_error"):
                     on_start(int(i), tasks[tid], ep, obs["screenshot"][i])
                     on_end(
@@ -163,11 +166,12 @@ def run_episodes(
                         {"task": tid, "success": False, "checks": [], "error": f"set-up failed: {info['setup_error']}"},
                     )
                     failed[i] = True
-                    pending[i] = queue.pop(0) if queue else None
                     continue
                 active[i] = True
                 agent.reset(int(i), tasks[tid])
                 on_start(int(i), tasks[tid], ep, obs["screenshot"][i])
+        if started:  # each env reads it at its first step (the others have read theirs already)
+            envs.set_attr("upcoming_task", [pending[i][0] if i in started and pending[i] else None for i in range(n)])
         slots = [i for i in range(n) if active[i]]
         if not slots and not any((autoreset[i] or failed[i]) and pending[i] for i in range(n)):
             return
@@ -186,7 +190,6 @@ def run_episodes(
             if terms[i] or truncs[i]:
                 on_end(i, float(rewards[i]), info)
                 active[i] = False
-                pending[i] = queue.pop(0) if queue else None
         autoreset = np.logical_or(terms, truncs)
         if autoreset.any():
             # NEXT_STEP autoreset: those envs reset on the next step; tell each which task is next

@@ -26,7 +26,10 @@ the desktop dies (info["error"] says which; the next reset recovers).
 tests, custom backends), `task`/`tasks`/`task_dirs`, `screen`, `reward`, `action_mode`, `render_mode`,
 `max_steps`, `a11y_tree`, `settle_timeout`/`settle_quiet` (after every action the env waits until the screen
 is unchanged for settle_quiet seconds, at most settle_timeout: no fixed sleep), `ready_timeout`,
-`info_timings` (per-phase timings in info; always in `env.unwrapped.timings`), `backend_options`, `sandbox`.
+`info_timings` (per-phase timings in info; always in `env.unwrapped.timings`), `backend_options`, `sandbox`,
+`swap_reset` (prepare the next episode's apps on a second desktop while an episode runs, so that reset
+swaps them in: session.Spare; default on where at least 4 cores are free to this process, off otherwise;
+`upcoming_task` tells it the next task when a runner knows it).
 
 ## Version history
 - v0: the first version.
@@ -34,6 +37,7 @@ is unchanged for settle_quiet seconds, at most settle_timeout: no fixed sleep), 
 
 from __future__ import annotations
 
+import os
 import string
 import time
 from typing import Any, Sequence
@@ -48,7 +52,7 @@ from .backends.base import Desktop, DesktopError
 from .checks import run_checks
 from .registry import App, AppError, CheckContext, get_app_spec
 from .scoring import Episode, FrameKeeper, Scorer, ScoringError
-from .session import Session
+from .session import Session, Spare
 from .tasks import Task, TaskError, load_tasks
 
 CHARSET = string.printable + "".join(chr(c) for c in range(0xA0, 0x3000))
@@ -92,6 +96,7 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         backend_options: dict | None = None,
         sandbox: bool = True,
         desktop: Desktop | None = None,
+        swap_reset: bool | None = None,
     ):
         if isinstance(reward, str):
             if reward != "check":
@@ -155,6 +160,18 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         # how long an app may take to start: a VM under software emulation needs far longer than Xvfb
         self.ready_timeout = float(ready_timeout if ready_timeout is not None else self.desktop.app_timeout)
         self.session = Session(self.desktop, app, self.ready_timeout)
+        if swap_reset is None:  # the spare's preparation competes with the episode for the cores
+            swap_reset = desktop is None and len(os.sched_getaffinity(0)) >= 4
+        elif swap_reset and desktop is not None:
+            raise ValueError("swap_reset needs a second desktop of the backend; it cannot be used with desktop=")
+        self._spare: Spare | None = None
+        if swap_reset:
+            spare = make_desktop(backend, self.width, self.height, sandbox=sandbox, **(backend_options or {}))
+            self._spare = Spare(Session(spare, app, self.ready_timeout))
+        # A runner that knows the task after the next reset may say so here before the episode's first step
+        # (swap_reset prepares it); read then, and cleared
+        self.upcoming_task: str | None = None
+        self._spare_due: bool | None = None  # the spare is to be prepared at the next step (by_name)
         self.task: Task | None = None
         self._obs: dict[str, Any] | None = None
         self._steps = 0
@@ -194,20 +211,37 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         """The episode's home folder (the app's HOME, its files)."""
         return self.session.home
 
-    def _settle(self, timeout: float | None = None) -> tuple[np.ndarray, float]:
+    def _settle(self, timeout: float | None = None, desktop: Desktop | None = None) -> tuple[np.ndarray, float]:
         """Poll screenshots until the screen is unchanged for settle_quiet seconds (or timeout)."""
+        desktop = desktop or self.desktop
         t0 = time.monotonic()
         limit = t0 + (self.settle_timeout if timeout is None else timeout)
-        last = self.desktop.screenshot()
+        last = desktop.screenshot()
         changed = time.monotonic()
         while True:
             now = time.monotonic()
             if now - changed >= self.settle_quiet or now >= limit:
                 return last, now - t0
             time.sleep(0.01)
-            cur = self.desktop.screenshot()
+            cur = desktop.screenshot()
             if not np.array_equal(cur, last):
                 last, changed = cur, time.monotonic()
+
+    def _prepare_next(self, by_name: bool) -> None:
+        """Start preparing the spare for the likeliest next task: the one a runner announced
+        (`upcoming_task`: sure, its "app" operations applied too), else a guess whose "app" operations wait
+        for the reset: the task just named again (a trainer's G episodes of one task), or the env's own next
+        draw."""
+        wanted, self.upcoming_task = self.upcoming_task, None
+        if wanted in self.tasks:
+            task, sure = self.tasks[wanted], True
+        elif by_name:
+            task, sure = self.task, False
+        else:
+            peek = np.random.Generator(type(self.np_random.bit_generator)())
+            peek.bit_generator.state = self.np_random.bit_generator.state
+            task, sure = self.tasks[self.task_ids[int(peek.integers(len(self.task_ids)))]], False
+        self._spare.prepare(self._spare.session, task, sure, lambda d: self._settle(desktop=d))
 
     def _observation(self, frame: np.ndarray) -> dict[str, Any]:
         obs = {"screenshot": frame, "instruction": self.task.instruction if self.task else ""}
@@ -233,10 +267,17 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         super().reset(seed=seed)
         timings: dict[str, float] = {}
         t0 = time.monotonic()
+        by_name = (options or {}).get("task") is not None or self.next_task is not None
         self.task = self._pick_task(options)
+        if self._spare is not None:  # swap in the session prepared during the last episode
+            self.session = self._spare.take(self.session)
+            self.desktop = self.session.desktop
+            timings["swap"] = time.monotonic() - t0
         self.session.begin(self.task, timings, self._settle)
         frame, timings["settle"] = self._settle()
         timings["reset"] = time.monotonic() - t0
+        # the spare is prepared from the first step on, so that a runner can announce `upcoming_task` first
+        self._spare_due = by_name if self._spare is not None else None
         self._obs = self._observation(frame)
         self._steps, self._done, self._answer = 0, False, None
         if self.scorer is not None:
@@ -273,6 +314,9 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         if self._done or self.task is None:
             raise gym.error.ResetNeeded("call reset() before step() (the episode is over)")
         self._steps += 1
+        if self._spare_due is not None:
+            self._prepare_next(self._spare_due)
+            self._spare_due = None
         info: dict[str, Any] = {"task": self.task.id, "step": self._steps, "action_error": None}
         timings: dict[str, float] = {}
         self.timings = timings
@@ -390,5 +434,9 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         return self.app.state(self.desktop)
 
     def close(self):
-        self.session.close()
-        super().close()
+        try:
+            if self._spare is not None:
+                self._spare.close()
+        finally:
+            self.session.close()
+            super().close()
