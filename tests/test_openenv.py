@@ -264,3 +264,29 @@ def test_serve_taken_port_is_one_line():
             _coda("serve", ENV_ID, "--port", str(port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
     assert f"cannot listen on 127.0.0.1:{port}" in line
+
+
+def test_serve_without_the_extra_is_one_line():
+    """Where openenv-core is not installed, `coda serve` says which extra to install (simulated here)."""
+    code = (
+        "import sys; sys.modules['openenv'] = None\n"
+        "from coda_agent.cli import main\n"
+        "sys.exit(main(['serve', 'coda/KAlgebra-v0', '--port', '0']))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    line = _one_line_error(proc)
+    assert "openenv extra" in line and "pip install 'coda[openenv]'" in line
+
+
+def test_serve_help_names_every_flag(capsys):
+    from coda_agent.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--port", "--host", "--max-sessions", "--session-timeout", "--tasks-dir", "--a11y-tree"):
+        assert flag in text
+    assert "(default: 8000)" in text and "(default: 127.0.0.1)" in text
