@@ -161,9 +161,18 @@ def _serve(argv: list[str]) -> int:
         close = difflib.get_close_matches(args.env_id, envs(), n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"{args.env_id!r} is not a coda env id ({hint}`coda envs` lists them)")
+    import socket
+
+    try:  # first, before the server's imports (seconds): a taken port is said at once
+        sock = socket.create_server(
+            (args.host, args.port), family=socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        )
+    except OSError as e:
+        raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     try:
         from coda_env.openenv import serve
     except ImportError as e:
+        sock.close()
         raise ValueError(str(e)) from None
     env_kwargs: dict = {}
     if args.tasks:
@@ -184,6 +193,7 @@ def _serve(argv: list[str]) -> int:
         max_sessions=args.max_sessions,
         session_timeout=args.session_timeout,
         log_level=args.log_level,
+        sock=sock,
     )
     return 0
 

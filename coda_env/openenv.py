@@ -275,20 +275,6 @@ class _QuietClose:
                 raise
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before anything else starts: a taken port is an OSError here."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.listen(128)
-    return sock
-
-
 def close_all() -> None:
     """Close every env of this process that a session left open (the server is stopping)."""
     for env in list(_LIVE):
@@ -306,13 +292,21 @@ def serve(
     max_sessions: int = 1,
     session_timeout: float | None = None,
     log_level: str = "warning",
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve `env_id` until interrupted; every env is closed on the way out."""
+    """Serve `env_id` until interrupted; every env is closed on the way out. `sock`: a listening socket bound
+    by the caller (`coda serve` binds first, so that a taken port is said at once), else one on host:port."""
     import uvicorn
 
-    check_env(env_id, env_kwargs)
-    sock = bind(host, port)
-    app = make_app(env_id, env_kwargs, max_sessions, session_timeout)
+    try:
+        check_env(env_id, env_kwargs)
+        app = make_app(env_id, env_kwargs, max_sessions, session_timeout)
+    except BaseException:
+        if sock is not None:
+            sock.close()
+        raise
+    if sock is None:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     # uvicorn's pings (20 s) find a client that vanished without closing its connection
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=10, ws_max_size=16 * 1024 * 1024)
     server = uvicorn.Server(config)
