@@ -255,9 +255,10 @@ def make_app(
 
 
 class _QuietClose:
-    """The ASGI app, without the traceback OpenEnv 0.3.0 logs at every session's end: its WebSocket route
-    closes the socket after the client has (a WebSocketDisconnect it does not catch), after the session's env
-    was already closed. Nothing else is changed."""
+    """The ASGI app, without the tracebacks OpenEnv 0.3.0's WebSocket route logs when a client is gone before
+    the route's last send: at every session's end (it closes a socket the client already closed) and when a
+    client drops during a reset or step (it answers into the closed socket). The route has closed the session's
+    env by then (its `finally`); only these send-after-disconnect errors of WebSocket connections are quieted."""
 
     def __init__(self, app):
         self.app = app
@@ -267,10 +268,18 @@ class _QuietClose:
 
     async def __call__(self, scope, receive, send):
         from starlette.websockets import WebSocketDisconnect
+        from uvicorn.protocols.utils import ClientDisconnected
 
+        gone: tuple[type[BaseException], ...] = (WebSocketDisconnect, ClientDisconnected)
+        try:
+            from starlette.websockets import WebSocketDisconnected  # starlette >= 1.0
+
+            gone += (WebSocketDisconnected,)
+        except ImportError:
+            pass
         try:
             await self.app(scope, receive, send)
-        except WebSocketDisconnect:
+        except gone:
             if scope.get("type") != "websocket":
                 raise
 

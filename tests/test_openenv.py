@@ -228,6 +228,25 @@ def test_killed_client_leaves_nothing_running(server):
     assert _healthy(port)
 
 
+_DROPPED_DURING_RESET = """
+import json, os, sys
+from websockets.sync.client import connect
+with connect(sys.argv[1]) as ws:
+    ws.send(json.dumps({"type": "reset", "data": {"task": sys.argv[2]}}))
+    os._exit(0)  # gone while the reset runs: the server answers into a closed socket
+"""
+
+
+def test_client_gone_during_reset_leaves_nothing_running(server):
+    """OpenEnv's wire protocol by hand, to drop the connection at a chosen moment: mid-reset."""
+    proc, port = server
+    subprocess.run([sys.executable, "-c", _DROPPED_DURING_RESET, f"ws://127.0.0.1:{port}/ws", TASK], check=True)
+    held = wait_until(lambda: desktops(proc.pid), timeout=60, every=0.02)
+    procs = descendants(proc.pid)
+    assert_all_gone(proc.pid, held, procs)
+    assert _healthy(port)
+
+
 def test_http_step_without_session_is_409(server):
     _, port = server
     req = urllib.request.Request(
