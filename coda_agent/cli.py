@@ -7,6 +7,7 @@
     coda judge calibrate ...           the VLM judge against the checks of stored episodes
     coda import-scienceboard SRC OUT   ScienceBoard's task files as coda task files
     coda data states|show ...          state datasets (oracle replays, run folders) for step-level training
+    coda serve ENV_ID --port N         serve an env as an OpenEnv environment (the openenv extra)
 
 Errors are one line on stderr and exit code 2, never a traceback. torch is imported only by the commands
 that load a model.
@@ -112,6 +113,91 @@ def _import_scienceboard(argv: list[str]) -> int:
     return 0
 
 
+def _serve(argv: list[str]) -> int:
+    import os
+
+    from coda_env.backends import BACKENDS
+
+    p = _parser(
+        "coda serve",
+        "Serve an env as an OpenEnv environment (reset/step/state over a WebSocket at /ws; OpenEnv's EnvClient, "
+        "TRL and other trainers connect to it). Each WebSocket session gets its own env (its own desktop and app), "
+        "closed when the session ends. Needs the openenv extra: pip install 'coda[openenv]'.",
+    )
+    p.add_argument("env_id", help="the env id (`coda envs` lists them), e.g. coda/KAlgebra-v0")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free one, printed)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="sessions at once (each is a desktop and an app; about a core each while it steps)",
+    )
+    p.add_argument(
+        "--session-timeout", type=float, default=None, help="close a session idle this many seconds (default: never)"
+    )
+    p.add_argument("--tasks", nargs="*", default=None, help="the tasks a reset with no task picks from (seeded)")
+    p.add_argument(
+        "--tasks-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of your own task files, added to the app's (repeatable; also CODA_TASKS_PATH)",
+    )
+    p.add_argument("--max-steps", type=int, default=None, help="step budget instead of each task's own")
+    p.add_argument("--a11y-tree", action="store_true", help="observations carry the app's accessibility tree")
+    p.add_argument("--backend", default="local", choices=tuple(BACKENDS), help="where the desktops run")
+    p.add_argument("--log-level", default="warning", help="the server's (uvicorn's) log level")
+    args = p.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: want 0-65535")
+    if args.max_sessions < 1:
+        raise ValueError("--max-sessions must be >= 1")
+    if args.session_timeout is not None and args.session_timeout <= 0:
+        raise ValueError("--session-timeout must be > 0")
+    from coda_env import envs
+
+    if args.env_id.removeprefix("coda_env:") not in envs():  # before the server's imports (seconds)
+        close = difflib.get_close_matches(args.env_id, envs(), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ValueError(f"{args.env_id!r} is not a coda env id ({hint}`coda envs` lists them)")
+    import socket
+
+    try:  # first, before the server's imports (seconds): a taken port is said at once
+        sock = socket.create_server(
+            (args.host, args.port), family=socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        )
+    except OSError as e:
+        raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    try:
+        from coda_env.openenv import serve
+    except ImportError as e:
+        sock.close()
+        raise ValueError(str(e)) from None
+    env_kwargs: dict = {}
+    if args.tasks:
+        env_kwargs["tasks"] = list(args.tasks)
+    if args.tasks_dir:
+        env_kwargs["task_dirs"] = [str(Path(d).resolve()) for d in args.tasks_dir]
+    if args.max_steps:
+        env_kwargs["max_steps"] = args.max_steps
+    if args.a11y_tree:
+        env_kwargs["a11y_tree"] = True
+    if args.backend != "local":
+        env_kwargs["backend"] = args.backend
+    serve(
+        args.env_id,
+        args.host,
+        args.port,
+        env_kwargs,
+        max_sessions=args.max_sessions,
+        session_timeout=args.session_timeout,
+        log_level=args.log_level,
+        sock=sock,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -189,6 +275,11 @@ def _main(argv: list[str]) -> int:
             return main_states(args) if args.data_cmd == "states" else main_show(args)
         except user_errors as e:
             return _fail(f"data {args.data_cmd}", e)
+    if argv[:1] == ["serve"]:
+        try:
+            return _serve(argv[1:])
+        except user_errors as e:
+            return _fail("serve", e)
     if argv[:1] == ["import-scienceboard"]:
         try:
             return _import_scienceboard(argv[1:])
@@ -220,6 +311,7 @@ def _main(argv: list[str]) -> int:
     sub.add_parser("judge", help="coda judge calibrate: the VLM judge against stored episodes' checks")
     sub.add_parser("import-scienceboard", help="convert ScienceBoard's task files into coda task files")
     sub.add_parser("data", help="coda data states|show: state datasets for step-level training")
+    sub.add_parser("serve", help="coda serve ENV_ID --port N: an env as an OpenEnv environment (WebSocket)")
     train = sub.add_parser(
         "train", help="train: coda train METHOD ... (coda train --help lists the methods)", formatter_class=FORMAT
     )

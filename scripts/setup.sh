@@ -42,7 +42,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/pip install -q --disable-pip-version-check "${CODA_TORCH:-torch==2.13.0}"
   fi
   echo "setup: installing the coda package into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,agent,train,vm,sb3,ray]"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,agent,train,vm,sb3,ray,openenv]"
   .venv/bin/pip uninstall -q -y torchvision 2>/dev/null || true
   echo "$want" > "$stamp"
 fi
