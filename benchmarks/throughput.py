@@ -7,7 +7,10 @@ them would make), cycling over --tasks; a vector env in NEXT_STEP autoreset mode
 the step after one ends, as `coda eval` and the GRPO trainer run it. CPU per reset/step is measured on one
 env in this process: this process's CPU plus that of every process carrying the desktop's token (Xvfb, the
 window manager, D-Bus, AT-SPI, the app) plus reaped children, from /proc and getrusage.
-Usage: python benchmarks/throughput.py [--seconds 20] [--num-envs 1 2 4] [--modes sync async ray]
+`--profile` instead says where an episode's time goes with 1, 2 and 4 async envs, with and without swap
+resets: per phase (reset: swap wait, desktop, app launch, setup operations, settle; step: action, settle,
+screenshot, checks), each env's busy and idle share of the wall time, and each core's busy share (/proc/stat).
+Usage: python benchmarks/throughput.py [--seconds 20] [--num-envs 1 2 4] [--modes sync async ray] [--profile]
 """
 
 from __future__ import annotations
@@ -164,6 +167,113 @@ def throughput(mode: str, n: int, tasks: list[str], seconds: float, solutions: d
     return {"steps_per_s": steps / wall, "episodes_per_s": episodes / wall, "steps": steps, "episodes": episodes}
 
 
+# ------------------------------------------------------------------------------------------ profile
+RESET_PHASES = ("swap", "desktop", "launch", "setup", "settle")
+STEP_PHASES = ("action", "settle", "screenshot", "evaluate")
+
+
+def core_ticks() -> list[tuple[int, int]]:
+    """(busy, total) jiffies of each core since boot."""
+    out = []
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                v = [int(x) for x in line.split()[1:]]
+                idle = v[3] + v[4]  # idle + iowait
+                out.append((sum(v) - idle, sum(v)))
+    return out
+
+
+def profile(n: int, tasks: list[str], seconds: float, solutions: dict[str, list[str]], swap: bool) -> dict:
+    """Oracle replay on n async envs for `seconds`; where each env's time went, from the env's own timings."""
+    from coda_agent.rollout import unbatch_info
+
+    envs = gym.make_vec(
+        ENV,
+        num_envs=n,
+        vectorization_mode="async" if n > 1 else "sync",
+        tasks=tasks,
+        info_timings=True,
+        swap_reset=swap,
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+    )
+    phases = [dict.fromkeys([f"reset.{p}" for p in RESET_PHASES] + [f"step.{p}" for p in STEP_PHASES], 0.0)]
+    phases = [dict(phases[0]) for _ in range(n)]
+    busy = [0.0] * n
+    try:
+        envs.set_attr("next_task", [tasks[i % len(tasks)] for i in range(n)])
+        _, infos = envs.reset(seed=0)
+        current = [infos["task"][i] for i in range(n)]
+        k = [0] * n
+        autoreset = np.zeros(n, dtype=bool)
+        steps = episodes = 0
+        before = core_ticks()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            actions = []
+            for i in range(n):
+                sol = solutions[current[i]]
+                actions.append("WAIT" if autoreset[i] else (sol[k[i]] if k[i] < len(sol) else "DONE"))
+                k[i] += 0 if autoreset[i] else 1
+            _, _, term, trunc, infos = envs.step(tuple(actions))
+            for i in range(n):
+                t = unbatch_info(infos, i).get("timings") or {}
+                if autoreset[i]:  # this step was env i's reset
+                    current[i], k[i] = infos["task"][i], 0
+                    for p in RESET_PHASES:
+                        phases[i][f"reset.{p}"] += t.get(p, 0.0)
+                    busy[i] += t.get("reset", 0.0)
+                else:
+                    steps += 1
+                    for p in STEP_PHASES:
+                        phases[i][f"step.{p}"] += t.get(p, 0.0)
+                    busy[i] += sum(t.get(p, 0.0) for p in STEP_PHASES)
+            done = np.logical_or(term, trunc) & ~autoreset
+            episodes += int(done.sum())
+            autoreset = np.logical_or(term, trunc)
+        wall = time.monotonic() - t0
+        after = core_ticks()
+    finally:
+        envs.close()
+    cores = [(b1 - b0) / max(1, t1 - t0_) for (b0, t0_), (b1, t1) in zip(before, after)]
+    per_episode = {p: sum(ph[p] for ph in phases) / max(1, episodes) for p in phases[0]}
+    return {
+        "episodes_per_s": episodes / wall,
+        "episodes": episodes,
+        "steps": steps,
+        "per_episode": per_episode,
+        "env_busy": [b / wall for b in busy],
+        "cores": cores,
+    }
+
+
+def print_profile(a: argparse.Namespace, solutions: dict[str, list[str]]) -> None:
+    rows = []
+    for swap in (False, True):
+        base = None
+        for n in a.num_envs:
+            r = profile(n, a.tasks, a.seconds, solutions, swap)
+            base = base or r["episodes_per_s"]
+            rows.append((swap, n, r, r["episodes_per_s"] / base))
+            print(
+                f"swap={'on ' if swap else 'off'} envs={n}: {r['episodes_per_s']:.3f} episodes/s "
+                f"({r['episodes_per_s'] / base:.2f}x), {r['episodes']} episodes, {r['steps']} steps; env busy "
+                f"{' '.join(f'{b:.0%}' for b in r['env_busy'])} (idle the rest); cores busy "
+                f"{' '.join(f'{c:.0%}' for c in r['cores'])}",
+                flush=True,
+            )
+    names = list(rows[0][2]["per_episode"])
+    print("\nseconds per episode, summed over its reset and steps, by phase (from the envs' own timings):")
+    print(f"{'phase':<18}" + "".join(f"{('swap ' if s else '') + str(n) + ' env':>12}" for s, n, _, _ in rows))
+    for p in names:
+        print(f"{p:<18}" + "".join(f"{r['per_episode'][p]:>12.3f}" for _, _, r, _ in rows))
+    print(
+        f"{'wall/episode':<18}"
+        + "".join(f"{r['steps'] and len(r['env_busy']) / r['episodes_per_s']:>12.3f}" for _, _, r, _ in rows)
+    )
+    print("(wall/episode is per env: n envs / episodes per second; what the phases leave of it is idle time)")
+
+
 # ------------------------------------------------------------------------------------------ estimate
 def grpo_estimate(cost: dict, a: argparse.Namespace) -> str:
     """Hosts for one GRPO iteration's rollouts at CODA's scale, from one env's measured costs."""
@@ -212,12 +322,17 @@ def main() -> None:
     ap.add_argument("--host-utilisation", type=float, default=0.75)
     ap.add_argument("--memory-headroom", type=float, default=1.5)
     ap.add_argument("--env-mem-mb", type=float, help="memory per env instead of the measured PSS (e.g. a VM's)")
+    ap.add_argument("--profile", action="store_true", help="where an episode's time goes (see the docstring)")
     a = ap.parse_args()
 
     probe = CodaEnv("kalgebra", tasks=a.tasks)
     solutions = {t: list(probe.tasks[t].solution) for t in a.tasks}
     probe.close()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; tasks {a.tasks}")
+    if a.profile:
+        print_profile(a, solutions)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+        return
     cost = cpu_per_reset_and_step(a.tasks, a.cpu_episodes)
     measured_pss = cost["pss_mb"]
     if a.env_mem_mb:

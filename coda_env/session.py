@@ -253,14 +253,9 @@ class Spare:
         return spare if spare is not None else current
 
     def close(self) -> None:
-        """Stop the spare's desktop (a preparation in flight fails at once on it), wait for the worker, end it,
-        and close the spare session."""
+        """Wait for a preparation in flight (stopping a desktop while another thread starts it would race;
+        a preparation is bounded by the app's ready timeout), end the worker, close the spare session."""
         self._closed = True
-        if self.session is not None:
-            try:
-                self.session.desktop.stop()
-            except (DesktopError, OSError):
-                pass
         self.wait()
         self._jobs.put(None)
         self._thread.join()
