@@ -140,3 +140,15 @@ def test_a_wrong_guess_is_an_ordinary_reset():
         assert rewards[-1] == 1.0, info
     finally:
         env.close()
+
+
+def test_check_env_passes_with_swap_resets():
+    """gymnasium's checker resets with the same seed twice and compares the observations: the second reset is
+    a swap, so a swapped-in start must be the very start an ordinary reset makes."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = CodaEnv(app="kalgebra", task="calc_power", swap_reset=True)
+    try:
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()
