@@ -2,7 +2,8 @@
 
 Prints, per env: reset p50/p95, step p50/p95 (a click + waiting for the screen to settle + the
 screenshot), screenshot p50 and the memory of every process the env started (RSS summed, and PSS, which
-counts shared pages once). Usage: python benchmarks/env_latency.py [--env ID ...] [--resets 20] [--steps 100]
+counts shared pages once). With `--swap both`, the reset figures with and without swap resets (the next episode's app prepared while
+an agent thinks). Usage: python benchmarks/env_latency.py [--env ID ...] [--resets 20] [--steps 100]
 (default: every registered env that can run here; `--task` picks the reset task, else the env's first).
 """
 
@@ -45,14 +46,19 @@ def memory_mb(token: str) -> tuple[float, float, dict[str, float]]:
     return rss, pss, by
 
 
-def bench(env_id: str, resets_n: int, steps_n: int, task: str | None, sandbox: bool = True) -> None:
+def bench(
+    env_id: str, resets_n: int, steps_n: int, task: str | None, sandbox: bool = True, swap: bool = False, think=1.0
+) -> None:
     t0 = time.monotonic()
-    env = gym.make(env_id, max_steps=10_000, sandbox=sandbox).unwrapped
+    env = gym.make(env_id, max_steps=10_000, sandbox=sandbox, swap_reset=swap).unwrapped
     task = task if task in env.tasks else next(iter(env.tasks))
     env.reset(seed=0, options={"task": task})
     first = time.monotonic() - t0
     resets, launches = [], []
     for i in range(resets_n):
+        if swap:  # an episode of one step and an agent that thinks `think` s (a model call) before the reset
+            env.step("WAIT")
+            time.sleep(think)
         t = time.monotonic()
         env.reset(seed=i, options={"task": task})
         resets.append(time.monotonic() - t)
@@ -78,6 +84,7 @@ def bench(env_id: str, resets_n: int, steps_n: int, task: str | None, sandbox: b
     ms = 1000.0
     print(
         f"{env_id} (task {task}) on the local backend, {'sealed' if sandbox else 'UNSEALED (sandbox=False)'}, "
+        f"{f'swap resets (the agent thinks {think:g} s before each reset), ' if swap else ''}"
         f"{env.width}x{env.height}, {os.cpu_count()} CPUs"
     )
     print(f"  first reset (desktop start + launch): {first:.2f} s")
@@ -104,12 +111,20 @@ def main() -> None:
         default="on",
         help="apps sealed (on), unsealed (off), or each in turn (both: the sandbox's cost)",
     )
+    ap.add_argument(
+        "--swap",
+        choices=("on", "off", "both"),
+        default="off",
+        help="swap resets (swap_reset=True: each reset follows a one-step episode and --think seconds)",
+    )
+    ap.add_argument("--think", type=float, default=1.0, help="the agent's time before each swap reset (s)")
     args = ap.parse_args()
     ids = args.env or [s.env_id for s in APPS.values() if s.available() is None]
-    modes = {"on": [True], "off": [False], "both": [False, True]}[args.sandbox]
+    modes = {"on": [True], "off": [False], "both": [False, True]}
     for env_id in ids:
-        for sealed in modes:
-            bench(env_id, args.resets, args.steps, args.task, sealed)
+        for sealed in modes[args.sandbox]:
+            for swap in modes[args.swap]:
+                bench(env_id, args.resets, args.steps, args.task, sealed, swap, args.think)
 
 
 if __name__ == "__main__":
