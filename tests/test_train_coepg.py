@@ -199,6 +199,28 @@ def test_help_shows_every_setting_with_its_default(capsys):
     assert "--grounders [GROUNDERS ...]" in text and "--own-prior OWN_PRIOR" in text
 
 
+@fast
+def test_errors_are_one_line_and_exit_code_2(tmp_path, capsys):
+    from coda_agent.cli import main
+    from tests.test_train_coda import synthetic_states
+
+    data = synthetic_states(tmp_path / "states", n=2)
+    capsys.readouterr()
+    base = ["train", "co-epg", "--planner", str(tmp_path / "p"), "--data", str(data), "--out", str(tmp_path / "run")]
+    cases = {
+        "no grounding model": (base, "--grounder DIR"),
+        "not a model": (base + ["--grounders", str(tmp_path / "nowhere")], "neither a checkpoint directory"),
+        "priors": (base + ["--grounders", "http://127.0.0.1:9", "--grounder-priors", "1", "2"], "2 priors for 1"),
+        "rounds without own model": (base + ["--rounds", "1"], "--rounds needs --grounder"),
+    }
+    for name, (argv, needle) in cases.items():
+        assert main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("coda train co-epg: error:"), (name, err)
+        assert needle in err, (name, err)
+    assert not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------------------------------ learning
 TRAIN_TASKS = ["plot_parabola", "plot_abs_shift", "plot_circle_implicit", "plot_derivative"]
 HELD_OUT = ["plot_ln_squared", "plot_sine_scaled", "plot_with_tangent"]
