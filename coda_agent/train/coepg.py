@@ -738,6 +738,10 @@ def run_rounds(cfg: CoEPGConfig, progress: bool = True) -> list[dict]:
     from .common import probe_env
     from .steplevel import ImageTextProcessor, load_states
 
+    from .coda import _world_size
+
+    if _world_size() > 1:
+        raise ValueError("the Co-EPG iteration runs in one process (its SFT and plan sampling are not distributed)")
     if not cfg.grounder or not (Path(cfg.grounder) / "config.json").exists():
         raise ValueError(f"--rounds needs --grounder DIR (the own grounding model, trained by SFT): {cfg.grounder!r}")
     if not cfg.planner or not (Path(cfg.planner) / "config.json").exists():
