@@ -221,6 +221,35 @@ def test_errors_are_one_line_and_exit_code_2(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_command_trains_once_with_a_real_grounding_model(tmp_path, capsys):
+    """`coda train co-epg` without --rounds: one GRPO run of a tiny real planner over SYNTHETIC states under
+    C-DREM with a tiny real grounding model (its tokens' log-probs read for the confidence); the planner is
+    exported and the C-DREM scalars are logged."""
+    from coda_agent.cli import main
+    from coda_agent.tiny import build_tiny_qwen2_5_vl
+    from coda_agent.train.coepg import TransformersGrounder
+    from tests.test_train_coda import synthetic_states
+
+    data = synthetic_states(tmp_path / "states", n=2)
+    planner = build_tiny_qwen2_5_vl(tmp_path / "planner", max_pixels=16 * 28 * 28)
+    grounder = build_tiny_qwen2_5_vl(tmp_path / "grounder", seed=1, max_pixels=16 * 28 * 28)
+    g = TransformersGrounder(grounder, max_new_tokens=8).ground(
+        [("Plot", "Click '2D Graph'", np.zeros((800, 1280, 3), np.uint8))], (1280, 800)
+    )[0]
+    assert g.point is None and g.confidence == -math.inf  # an untrained model writes no point
+    out = tmp_path / "run"
+    argv = ["train", "co-epg", "--planner", str(planner), "--grounder", str(grounder), "--data", str(data)]
+    argv += ["--out", str(out), "--max-steps", "1", "--group-size", "2", "--states-per-step", "2"]
+    argv += ["--micro-batch", "4", "--max-new-tokens", "4", "--lora-r", "2", "--quiet"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "1 steps over 2 states" in text and f"planner: {out / 'planner'}" in text
+    assert (out / "planner" / "config.json").exists()
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("cdrem/gate_pass_rate" in x and "rewards/cdrem/mean" in x for x in lines)
+    assert json.loads((out / "config.json").read_text())["grounder"] == str(grounder)
+
+
 # ------------------------------------------------------------------------------------------ learning
 TRAIN_TASKS = ["plot_parabola", "plot_abs_shift", "plot_circle_implicit", "plot_derivative"]
 HELD_OUT = ["plot_ln_squared", "plot_sine_scaled", "plot_with_tangent"]
