@@ -97,6 +97,10 @@ class CoEPGConfig(CodaConfig):
         "",
         "the executor of the live runs (--rounds with --episodes > 0): default the newest own grounding model",
     )
+    reward_scale: float = opt(50.0, "not used by co-epg (C-DREM counts hits inside the target, no distances)")
+    launcher: str | None = opt(
+        None, "not used by co-epg (its iteration runs in one process; without --rounds use accelerate launch)"
+    )
     # the paper's GRPO values
     group_size: int = opt(7, "plans sampled per state: the GRPO group G (the paper's 7)")
     states_per_step: int = opt(4, "states per optimizer step, over all processes (each gives G plans)")
