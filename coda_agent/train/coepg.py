@@ -21,8 +21,9 @@ successful plans. The maths:
                   0.9, beta 0.01, eps 0.2 are the defaults.
     the iteration round r: GRPO of the newest planner under C-DREM over the grounding pool (the --grounders, fixed,
                   plus the two newest generations of the own grounding model); the planner pool (its two newest
-                  generations) then samples plans on the states afresh, the plans that pass the gate become SFT
-                  examples (screenshot, plan) -> the target's point, in UI-TARS's grammar, and the own grounding
+                  generations) then samples plans on the states afresh, the plans that pass the gate and score at
+                  least --sft-min-reward under C-DREM (the pool's successful plans) become SFT examples
+                  (screenshot, plan) -> the target's point, in UI-TARS's grammar, and the own grounding
                   model is fine-tuned on them; the new planner and grounding model join their pools. K rounds;
                   OUT/round_NN/{train,sft,done.json}, a rerun resumes at the first unfinished round.
 
@@ -116,6 +117,7 @@ class CoEPGConfig(CodaConfig):
     episodes: int = opt(0, "live episodes per task after each round (needs --env; 0: no live runs)")
     pool_size: int = opt(2, "generations kept in each pool (planners that make SFT data; own grounding models)")
     sft_plans: int = opt(4, "plans each pooled planner samples per state when the SFT data is regenerated")
+    sft_min_reward: float = opt(0.5, "C-DREM reward a regenerated plan needs to become a grounding SFT example")
     sft_lr: float = opt(1e-5, "AdamW learning rate of the grounding model's SFT")
     sft_epochs: float = opt(1.0, "passes of the grounding SFT over its examples")
     sft_micro_batch: int = opt(4, "examples per forward pass of the grounding SFT")
@@ -712,14 +714,19 @@ def sft_grounder(cfg: CoEPGConfig, base: str, examples, out: Path, progress: boo
     }
 
 
-def regenerate_plans(cfg: CoEPGConfig, planners: Sequence[str], states) -> tuple[list[tuple[dict, str]], dict]:
-    """The planner pool samples `--sft-plans` plans per state (temperature --temperature); the plans that pass
-    the gate on a pointer step are the grounding model's SFT data. Returns (pairs, counts)."""
+def regenerate_plans(
+    cfg: CoEPGConfig, planners: Sequence[str], states, reward: CDREMReward
+) -> tuple[list[tuple[dict, str]], dict]:
+    """The planner pool samples `--sft-plans` plans per state (temperature --temperature); a plan is successful
+    when it passes the gate on a pointer step and C-DREM over the pool (`reward`) gives it at least
+    --sft-min-reward: the pool agrees it lands in the target, so a plan that names the wrong element (it passes
+    the gate, its type and value being right) does not teach the grounding model to point at the target.
+    Returns (the successful (state, plan) pairs, counts)."""
     from ..models import SamplingParams, TransformersVLM
     from ..states import planner_conversation
 
     pairs: list[tuple[dict, str]] = []
-    sampled = 0
+    sampled = passed = 0
     rows = list(states)
     for path in planners:
         vlm = TransformersVLM(path, device=cfg.device)
@@ -727,12 +734,13 @@ def regenerate_plans(cfg: CoEPGConfig, planners: Sequence[str], states) -> tuple
         for n in range(cfg.sft_plans):
             params.seed = cfg.seed + 1000 * n
             convs = [planner_conversation(r, history_images=cfg.history_images) for r in rows]
-            for r, g in zip(rows, vlm.generate(convs, params)):
-                sampled += 1
-                if r["point"] and gate(plan_step(g.text), r["action_type"], r["value"]):
-                    pairs.append((r, g.text))
+            texts = [g.text for g in vlm.generate(convs, params)]
+            sampled += len(texts)
+            rewards, stats = reward.score(rows, texts)
+            passed += round(stats["cdrem/gate_pass_rate"] * len(texts))
+            pairs += [(r, t) for r, t, x in zip(rows, texts, rewards) if r["point"] and x >= cfg.sft_min_reward]
         del vlm
-    return pairs, {"plans_sampled": sampled, "plans_passed": len(pairs)}
+    return pairs, {"plans_sampled": sampled, "plans_passed_gate": passed, "plans_successful": len(pairs)}
 
 
 # ------------------------------------------------------------------------------------------ the iteration
@@ -770,10 +778,11 @@ def run_rounds(cfg: CoEPGConfig, progress: bool = True) -> list[dict]:
             continue
         data = _round_states(cfg, r, out) if cfg.env else list(cfg.data)
         rcfg = replace(cfg, data=data, planner=planners[-1], rounds=0, out=str(rd / "train"))
-        train_rec = train_grpo(rcfg, grounders=grounding_pool(cfg, own), progress=progress, extra_log={"round": r})
+        pool = grounding_pool(cfg, own)
+        train_rec = train_grpo(rcfg, grounders=pool, progress=progress, extra_log={"round": r})
         planners = (planners + [str(rd / "train" / "planner")])[-cfg.pool_size :]
         states = step_data(load_states(data, cfg.app)[0])
-        pairs, counts = regenerate_plans(cfg, planners, states)
+        pairs, counts = regenerate_plans(cfg, planners, states, CDREMReward(*pool))
         examples = grounding_examples(pairs, ImageTextProcessor.from_checkpoint(own[-1]).image_processor)
         rec: dict[str, Any] = {"round": r, "planner": planners[-1], "states": train_rec.get("states"), **counts}
         rec.update({k: train_rec[k] for k in ("steps", "eval_reward_before", "eval_reward_after") if k in train_rec})
