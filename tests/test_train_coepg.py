@@ -134,6 +134,21 @@ def test_coordinate_confidence_is_the_mean_log_prob_of_the_coordinate_tokens():
     assert read_grounding(" click(start_box='(1,2)')", None, None, (100, 100), (1000, 1000), 0.0).confidence == 0.0
 
 
+@fast
+def test_the_grounding_sft_target_points_back_into_the_box():
+    """The SFT answer's point is in the model's image pixels; read back (as the reward reads a grounding model's
+    answer) it lands inside the target's box."""
+    from coda_agent.train.coepg import grounding_answer
+
+    size, screen = (224, 140), (1280, 800)
+    text = grounding_answer("Click '2D Graph'", "click", [125, 52], size, screen)
+    assert text == "Thought: Click '2D Graph'\nAction: click(start_box='(22,9)')"
+    g = read_grounding(text.split("Action:")[1], None, None, size, screen)
+    assert inside(g.point, [85, 39, 166, 65])
+    assert grounding_answer("x", "double_click", [1, 1], size, screen).endswith("left_double(start_box='(0,0)')")
+    assert grounding_answer("Type 'x'", "type", [], size, screen) is None
+
+
 class FakeGrounder:
     """FAKE grounding model for fast tests: a fixed answer (point, confidence) per plan text."""
 

@@ -557,10 +557,10 @@ def train_grpo(
     held = step_data(load_states(cfg.eval_data, app)[0]) if cfg.eval_data else None
     pool, priors = grounders or grounding_pool(cfg)
     reward = CDREMReward(pool, priors)
+    train = step_data(train)
     trainer = build_trainer(
-        cfg, out, train_states=step_data(train), eval_states=held, progress=progress, extra_log=extra_log,
-        rewards=[reward],
-    )  # fmt: skip
+        cfg, out, train_states=train, eval_states=held, progress=progress, extra_log=extra_log, rewards=[reward]
+    )
     return run_trainer(trainer, cfg, out, base=cfg.planner, extra_log=extra_log)
 
 
