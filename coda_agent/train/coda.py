@@ -346,11 +346,13 @@ def build_trainer(
     progress: bool = True,
     extra_log: dict | None = None,
     extra_rewards: Sequence = (),
+    rewards: Sequence | None = None,
 ):
     """The trl.GRPOTrainer of a run (not started): the planner (cfg.planner, or `model`: a model object), the
     states (cfg.data, or `train_states`), the reward through the executor (cfg.executor, or `executor`), LoRA
     (cfg.lora_r > 0) or full weights, our metrics callback. `extra_rewards` are added to the reward (TRL sums
-    reward functions; benchmarks use it)."""
+    reward functions; benchmarks use it). `rewards` replaces the executor's reward (another step-level method's
+    own reward, e.g. Co-EPG's C-DREM; then no executor is built)."""
     from trl import GRPOTrainer
 
     from .steplevel import ImageTextProcessor, PromptTransform, RunLogCallback, load_states
@@ -379,7 +381,7 @@ def build_trainer(
     if processor is None:
         processor = ImageTextProcessor.from_checkpoint(cfg.planner)
     screen = tuple(train_states.select_columns(["screen"])[0]["screen"]) or (1280, 800)
-    if executor is None:
+    if executor is None and rewards is None:
         executor = make_executor(cfg, app, screen)
     transform = PromptTransform(cfg.history_images)
     for ds in (train_states, eval_states):  # a prompt the states cannot give fails now, in one line
@@ -403,7 +405,7 @@ def build_trainer(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = GRPOTrainer(
         model=model if model is not None else cfg.planner,
-        reward_funcs=[ExecutorReward(executor, cfg.reward_scale), *extra_rewards],
+        reward_funcs=[*(rewards or [ExecutorReward(executor, cfg.reward_scale)]), *extra_rewards],
         args=args,
         train_dataset=train_states.with_transform(transform),
         eval_dataset=eval_states.with_transform(transform) if eval_states is not None else None,

@@ -1,0 +1,840 @@
+"""Co-EPG (arXiv 2511.10705): planner and grounding model that improve each other, on the step-level core.
+
+The planner writes the next step in words (the `coda` planner's Thought/Action answer, so `coda eval --agent
+coda --planner OUT/planner` runs it); a grounding model maps (screenshot, plan) to a point. The planner is trained
+with GRPO (TRL's GRPOTrainer through coda.build_trainer: the same prompts, checkpoints, logging and export as
+`coda train coda`) under the C-DREM reward, and the grounding model by SFT (TRL's SFTTrainer) on the planner's
+successful plans. The maths:
+
+    step data     each state's labelled action a_T gives its type t_T, its value v_T (typed text, keys, scroll
+                  direction, answer; "" for a pointer step) and its target: the element's box, or the disc of
+                  `radius` around its point where there is no box (`step_data`).
+    the gate      the plan's own type and value (`plan_step`: the plan's words read with the a11y executor's verb
+                  grammar, e.g. "Type 'sin(x)' and press enter" -> ("type", "sin(x)")) must match: type exactly,
+                  value by token F1 > 0.5 (`token_f1`; two empty values match). Otherwise r = 0.
+    C-DREM        grounding models j each ground the plan: a point p_j and a confidence c_j = the mean
+                  log-likelihood of the tokens that spell p_j's coordinates (-inf when it gives no point);
+                  w = softmax_j(sigma_j * c_j) with static priors sigma_j (`cdrem_weights`: -inf -> weight 0);
+                  r = sum_j w_j * 1[p_j inside the target] (edges included). A step with no pointer (a key, a
+                  typed text into the focused field, DONE, ANS) needs no grounding: r = 1 when the gate passes.
+    GRPO          A_i = (r_i - mean) / std over the G plans of a state; the paper's G = 7, lr 5e-7, temperature
+                  0.9, beta 0.01, eps 0.2 are the defaults.
+    the iteration round r: GRPO of the newest planner under C-DREM over the grounding pool (the --grounders, fixed,
+                  plus the two newest generations of the own grounding model); the planner pool (its two newest
+                  generations) then samples plans on the states afresh, the plans that pass the gate and score at
+                  least --sft-min-reward under C-DREM (the pool's successful plans) become SFT examples
+                  (screenshot, plan) -> the target's point, in UI-TARS's grammar, and the own grounding
+                  model is fine-tuned on them; the new planner and grounding model join their pools. K rounds;
+                  OUT/round_NN/{train,sft,done.json}, a rerun resumes at the first unfinished round.
+
+Grounding models are local checkpoints (`transformers`, UI-TARS-style: its computer-use prompt, the screenshot,
+and an answer that starts `Thought: <plan>\\nAction:`) or OpenAI-compatible endpoints; an endpoint's confidence
+comes from the logprobs it returns (vLLM and SGLang do with `logprobs: true`); one that returns none is given
+`--no-logprobs-confidence` (default 0.0, i.e. as sure as a certain model: it then weighs by its prior alone
+against the others' doubt). With c <= 0 a larger sigma_j sharpens the penalty of doubt for model j (the prior
+acts as an inverse temperature on its confidence), which is how the paper's formula reads.
+
+    coda train co-epg --data STATES --planner P --grounder G [--grounders U ...] --out OUT [--rounds K]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from .coda import CodaConfig, _finished_rounds, _live_eval, _mark_done, _round_dir, _success_rate
+from .common import Method, opt, write_config
+from .rewards import POINTER_TYPES, canonical_steps
+
+__all__ = [
+    "CDREMReward",
+    "CoEPGConfig",
+    "EndpointGrounder",
+    "Grounding",
+    "TransformersGrounder",
+    "cdrem_weights",
+    "gate",
+    "inside",
+    "plan_step",
+    "step_data",
+    "target_step",
+    "token_f1",
+]
+
+# ------------------------------------------------------------------------------------------ settings
+
+
+@dataclass
+class CoEPGConfig(CodaConfig):
+    """`coda train co-epg`: CODA's step-level settings with the paper's GRPO values, plus the grounding side."""
+
+    out: str = opt(
+        "runs/co-epg",
+        "run folder: config.json, metrics.jsonl, tb/, checkpoints/, planner/ (with --rounds: round_NN/{train,sft})",
+    )
+    grounder: str = opt(
+        "",
+        "the own grounding model (a UI-TARS-style checkpoint directory): in the C-DREM pool with the highest "
+        "prior, and fine-tuned by SFT on the planner's successful plans each round",
+    )
+    grounders: list[str] = opt(
+        [], "other grounding models in the C-DREM pool, fixed: checkpoint directories or http(s):// endpoints"
+    )
+    grounder_priors: list[float] = opt([], "static priors sigma of --grounders, one each (default: 1 each)")
+    own_prior: float = opt(2.0, "prior sigma of the newest own grounding model (the paper's 1:1:2)")
+    previous_prior: float = opt(1.0, "prior sigma of the previous generation of the own grounding model")
+    grounder_models: list[str] = opt([], "model names at the --grounders endpoints (default: what each serves)")
+    grounder_max_new_tokens: int = opt(48, "tokens per grounding answer (greedy)")
+    no_logprobs_confidence: float = opt(
+        0.0, "confidence c of an endpoint that returns no logprobs (0: as sure as a certain model)"
+    )
+    executor: str = opt(
+        "",
+        "the executor of the live runs (--rounds with --episodes > 0): default the newest own grounding model",
+    )
+    reward_scale: float = opt(50.0, "not used by co-epg (C-DREM counts hits inside the target, no distances)")
+    launcher: str | None = opt(
+        None, "not used by co-epg (its iteration runs in one process; without --rounds use accelerate launch)"
+    )
+    # the paper's GRPO values
+    group_size: int = opt(7, "plans sampled per state: the GRPO group G (the paper's 7)")
+    states_per_step: int = opt(4, "states per optimizer step, over all processes (each gives G plans)")
+    micro_batch: int = opt(7, "completions per forward pass per device (states-per-step x G must divide by it)")
+    lr: float = opt(5e-7, "AdamW learning rate of the planner (the paper's 5e-7)")
+    temperature: float = opt(0.9, "planner sampling temperature (the paper's 0.9)")
+    kl_coef: float = opt(0.01, "KL penalty to the reference planner (beta; the paper's 0.01)", "--beta")
+    clip_eps: float = opt(0.2, "PPO clip range of the ratio (epsilon; the paper's 0.2)")
+    # the grounding model's SFT and the iteration
+    rounds: int = opt(
+        0, "Co-EPG iterations K (GRPO -> regenerate plans -> grounding SFT); 0: one GRPO run on --data (the paper: 3)"
+    )
+    episodes: int = opt(0, "live episodes per task after each round (needs --env; 0: no live runs)")
+    pool_size: int = opt(2, "generations kept in each pool (planners that make SFT data; own grounding models)")
+    sft_plans: int = opt(4, "plans each pooled planner samples per state when the SFT data is regenerated")
+    sft_min_reward: float = opt(0.5, "C-DREM reward a regenerated plan needs to become a grounding SFT example")
+    sft_lr: float = opt(1e-5, "AdamW learning rate of the grounding model's SFT")
+    sft_epochs: float = opt(1.0, "passes of the grounding SFT over its examples")
+    sft_micro_batch: int = opt(4, "examples per forward pass of the grounding SFT")
+    sft_lora_r: int = opt(0, "LoRA rank of the grounding SFT (0: every weight)")
+
+
+# ------------------------------------------------------------------------------------------ step data
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def token_f1(a: str, b: str) -> float:
+    """Bag-of-tokens F1 of two values (case-folded words and single punctuation marks, so `sin(x)` is 4
+    tokens); 1.0 when both are empty, 0.0 when only one is."""
+    x, y = _TOKEN.findall(a.casefold()), _TOKEN.findall(b.casefold())
+    if not x and not y:
+        return 1.0
+    common = sum((Counter(x) & Counter(y)).values())
+    if common == 0:
+        return 0.0
+    p, r = common / len(x), common / len(y)
+    return 2 * p * r / (p + r)
+
+
+def _value(step) -> str:
+    if step.type in ("type", "answer"):
+        return step.text
+    if step.type in ("key", "key_down", "key_up"):
+        return " ".join(sorted(step.keys))
+    if step.type == "scroll":
+        return ("up" if step.amount > 0 else "down") if step.axis == "v" else ("left" if step.amount > 0 else "right")
+    return ""
+
+
+def target_step(target: str, screen: Sequence[int] = (1280, 800)) -> tuple[str, str, list[int]]:
+    """A labelled action -> (its type, its value, the point of its first pointer step or []): what the gate and
+    the grounding need. Values of several steps are joined by a space."""
+    steps = canonical_steps(target, (int(screen[0]), int(screen[1])))
+    kind = "+".join(s.type for s in steps)
+    value = " ".join(v for v in (_value(s) for s in steps) if v)
+    first = next((s for s in steps if s.type in POINTER_TYPES), None)
+    point = []
+    if first is not None:
+        p = first.start if first.type == "drag" and first.start is not None else first.point
+        point = list(p) if p is not None else []
+    return kind, value, point
+
+
+def step_data(ds):
+    """A state dataset with the columns C-DREM needs beside its `box` and `radius`: `action_type`, `value` and
+    `point` (the target's first pointer point, [] for none), derived from each state's labelled `target`.
+    Added as columns (no screenshot is decoded or rewritten)."""
+    if "action_type" in ds.column_names:
+        return ds
+    rows = ds.select_columns(["target", "screen"])
+    found = [target_step(r["target"], r["screen"]) for r in rows]
+    ds = ds.add_column("action_type", [f[0] for f in found])
+    ds = ds.add_column("value", [f[1] for f in found])
+    return ds.add_column("point", [f[2] for f in found])
+
+
+def plan_step(text: str) -> tuple[str, str] | None:
+    """The action type and value a planner's answer states, read from its words with the a11y executor's verb
+    grammar (the same sentences it can act on; the last sentence that reads as a step wins): click / double-click /
+    right-click / hover -> click, double_click, right_click, move with value ""; type 'x' -> ("type", "x");
+    press ctrl+a -> ("key", "a ctrl"); scroll down -> ("scroll", "down"); drag -> ("drag", ""); DONE / FAIL /
+    WAIT -> ("done"|"fail"|"wait", ""); ANS x -> ("answer", "x"). None when the answer does not parse or
+    states no step."""
+    from .. import a11y_executor as ax
+    from ..planner import PlanParseError, parse_plan
+
+    try:
+        plan = parse_plan(text)
+    except PlanParseError:
+        return None
+    if plan.terminal:
+        word, _, rest = plan.terminal.partition(" ")
+        return ("answer", rest.strip()) if word == "ANS" else (word.lower(), "")
+    for anchored in (True, False):
+        for sentence in ax._sentences(plan.action):
+            found = _read_sentence(sentence, anchored)
+            if found is not None:
+                return found
+    return None
+
+
+def _read_sentence(s: str, anchored: bool) -> tuple[str, str] | None:
+    from .. import a11y_executor as ax
+
+    masked, quotes = ax._quoted(s)
+    fill = lambda t: ax._HOLE_RE.sub(lambda h: quotes[int(h.group(1))], t)  # noqa: E731
+    if ax._match(re.compile(ax._LEAD + r"select all\b", re.IGNORECASE), masked, anchored):
+        return "key", "a ctrl"
+    if ax._match(ax._DRAG, masked, anchored):
+        return "drag", ""
+    m = ax._match(ax._SCROLL, masked, anchored)
+    if m:
+        d = next(iter(re.findall(r"\b(up|down|left|right)\b", m.group(1).lower())), "down")
+        return "scroll", d
+    m = ax._match(ax._TYPE, masked, anchored)
+    if m and (quotes or m.group(1).lower() != "enter"):
+        rest = m.group(2)
+        hole = ax._HOLE_RE.search(rest)
+        if hole:
+            return "type", quotes[int(hole.group(1))]
+        mm = re.match(r"\s*(.+?)(?=\s+(?:into|in|on)\s+the\b|\s+and\s+(?:press|hit|then)\b|[.;]?\s*$)", rest, re.DOTALL)
+        return ("type", mm.group(1).strip()) if mm and mm.group(1).strip() else None
+    m = ax._match(ax._KEY, masked, anchored)
+    if m:
+        keys = ax._keys(re.split(r"\s+(?:to|so|in order|on the keyboard)\b|[,.;]", fill(m.group(2)), maxsplit=1)[0])
+        if keys:
+            return "key", " ".join(sorted(keys))
+    m = ax._match(ax._CLICK, masked, anchored)
+    if m:
+        verb = m.group(1).lower()
+        if verb.startswith("double"):
+            return "double_click", ""
+        if verb.startswith("right"):
+            return "right_click", ""
+        if verb.startswith(("hover", "move")):
+            return "move", ""
+        return "click", ""
+    return None
+
+
+def gate(plan: tuple[str, str] | None, action_type: str, value: str) -> bool:
+    """The plan passes when its type equals the target's exactly and its value's token F1 exceeds 0.5."""
+    return plan is not None and plan[0] == action_type and token_f1(plan[1], value) > 0.5
+
+
+def inside(
+    point: Sequence[int] | None,
+    box: Sequence[int] | None,
+    target: Sequence[int] | None = None,
+    radius: float = 0.0,
+) -> bool:
+    """Whether a predicted point hits the target: inside `box` (left, top, right, bottom; edges included), or,
+    with no box, within `radius` of the target's point (its disc, edge included)."""
+    if point is None:
+        return False
+    x, y = point
+    if box is not None and len(box) == 4:
+        return box[0] <= x <= box[2] and box[1] <= y <= box[3]
+    if target is not None and len(target) == 2:
+        return math.dist((x, y), target) <= radius
+    return False
+
+
+# ------------------------------------------------------------------------------------------ C-DREM
+def cdrem_weights(confidences: list[float], priors: list[float]) -> list[float]:
+    """w_j = softmax_j(sigma_j * c_j): the grounding models' weights from their confidences c_j (mean
+    log-likelihood of their coordinate tokens) and static priors sigma_j (>= 0). A model with c_j = -inf (or
+    NaN: no point) gets weight 0; when every model has, all weights are 0 (the plan then scores 0)."""
+    if len(confidences) != len(priors):
+        raise ValueError(f"{len(confidences)} confidences but {len(priors)} priors")
+    if any(p < 0 or not math.isfinite(p) for p in priors):
+        raise ValueError(f"priors must be finite and >= 0, got {priors}")
+    if any(c == math.inf for c in confidences):
+        raise ValueError("a confidence is a mean log-likelihood: it cannot be +inf")
+    logits = [s * c if math.isfinite(c) else None for c, s in zip(confidences, priors)]
+    finite = [z for z in logits if z is not None]
+    if not finite:
+        return [0.0] * len(confidences)
+    top = max(finite)
+    exps = [math.exp(z - top) if z is not None else 0.0 for z in logits]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+@dataclass
+class Grounding:
+    """One grounding model's answer to a plan: the point on the screen (None: it gave none), its confidence
+    (mean log-likelihood of the coordinate tokens; -inf without a point) and its text."""
+
+    point: tuple[int, int] | None
+    confidence: float
+    text: str = ""
+
+
+class Grounder(Protocol):
+    """A grounding model of the C-DREM pool: (instruction, plan text, screenshot) -> Grounding, batched."""
+
+    name: str
+
+    def ground(self, items: Sequence[tuple[str, str, Any]], screen: tuple[int, int]) -> list[Grounding]: ...
+
+
+def grounding_conversation(instruction: str, plan: str, screenshot) -> list[dict]:
+    """What a grounding model is asked: UI-TARS's computer-use prompt with the screenshot, and an answer that
+    already holds the plan as its thought (as CODA hands UI-TARS the planner's thought), ending at `Action:` so
+    that the model writes the action itself (the SFT targets are tokenized the same way)."""
+    from .. import prompts
+
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": prompts.uitars_prompt(instruction)},
+                {"type": "image", "image": screenshot},
+            ],
+        },
+        {"role": "assistant", "content": f"Thought: {plan}\nAction:"},
+    ]
+
+
+_POINT_ARG = re.compile(r"(?:start_box|point|start_point)\s*=\s*(['\"])(.*?)\1", re.DOTALL)
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def read_grounding(
+    text: str,
+    pieces: Sequence[str] | None,
+    logprobs: Sequence[float] | None,
+    image_size: tuple[int, int],
+    screen: tuple[int, int],
+    no_logprobs: float = 0.0,
+) -> Grounding:
+    """A grounding model's answer -> its first point on the screen and the mean log-probability of the tokens
+    that spell that point's numbers (`pieces`: each generated token's text, in order, joined = `text`). Parsed
+    with UI-TARS's grammar (never evaluated); no point -> (None, -inf). Without logprobs: `no_logprobs`."""
+    from ..uitars import UITarsParseError, parse_uitars
+
+    try:
+        _, actions = parse_uitars(text)
+    except UITarsParseError:
+        return Grounding(None, -math.inf, text)
+    first = next((a for a in actions if "start" in a.args), None)
+    m = _POINT_ARG.search(text)
+    if first is None or m is None:
+        return Grounding(None, -math.inf, text)
+    (iw, ih), (sw, sh) = image_size, screen
+    px, py = first.args["start"]
+    point = (min(sw - 1, max(0, round(px / iw * sw))), min(sh - 1, max(0, round(py / ih * sh))))
+    if not logprobs or pieces is None:
+        return Grounding(point, no_logprobs, text)
+    spans = [(m.start(2) + d.start(), m.start(2) + d.end()) for d in _NUMBER.finditer(m.group(2))]
+    picked, pos = [], 0
+    for piece, lp in zip(pieces, logprobs):
+        a, b = pos, pos + len(piece)
+        pos = b
+        if any(a < e and s < b for s, e in spans):
+            picked.append(lp)
+    return Grounding(point, sum(picked) / len(picked) if picked else no_logprobs, text)
+
+
+class TransformersGrounder:
+    """A local grounding checkpoint (UI-TARS-1.5 or a tiny test model), greedy, with its tokens' log-probs."""
+
+    def __init__(self, path: str | Path, name: str | None = None, device: str | None = None, max_new_tokens: int = 48):
+        from ..models import TransformersVLM
+
+        self.vlm = TransformersVLM(path, device=device)
+        self.name = name or Path(path).name
+        self.max_new_tokens = max_new_tokens
+
+    def ground(self, items: Sequence[tuple[str, str, Any]], screen: tuple[int, int]) -> list[Grounding]:
+        from ..models import SamplingParams, model_image_size
+
+        if not items:
+            return []
+        convs = [grounding_conversation(i, p, s) for i, p, s in items]
+        gens = self.vlm.generate(convs, SamplingParams(max_new_tokens=self.max_new_tokens, logprobs=True))
+        size = model_image_size(self.vlm, screen)
+        tok = self.vlm.tokenizer
+        out = []
+        for g in gens:
+            ids = g.token_ids or []
+            pieces, prev = [], ""
+            for k in range(len(ids)):  # each token's text as the decoded answer spells it
+                cur = tok.decode(ids[: k + 1], skip_special_tokens=True)
+                pieces.append(cur[len(prev) :])
+                prev = cur
+            out.append(read_grounding(g.text, pieces, g.logprobs, size, screen))
+        return out
+
+
+class EndpointGrounder:
+    """A grounding model behind an OpenAI-compatible endpoint (vLLM, SGLang), asked for the logprobs of its
+    tokens (`logprobs: true`); an answer without them gets `no_logprobs` as its confidence."""
+
+    def __init__(
+        self, url: str, model: str | None = None, name: str | None = None, max_new_tokens: int = 48, no_logprobs=0.0
+    ):
+        from ..models import OpenAIVLM
+
+        self.vlm = OpenAIVLM(url, model=model)
+        self.name = name or model or url
+        self.max_new_tokens = max_new_tokens
+        self.no_logprobs = no_logprobs
+
+    def _one(self, conv, screen) -> Grounding:
+        from ..models import model_image_size
+
+        body = {
+            "model": self.vlm.model,
+            "messages": [self.vlm._message(m) for m in conv],
+            "max_tokens": self.max_new_tokens,
+            "temperature": 0.0,
+            "logprobs": True,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        }
+        data = self.vlm._request("POST", "/chat/completions", body)
+        choice = (data.get("choices") or [{}])[0]
+        text = (choice.get("message") or {}).get("content") or ""
+        content = (choice.get("logprobs") or {}).get("content") or []
+        pieces = [t.get("token", "") for t in content] if content else None
+        lps = [float(t["logprob"]) for t in content] if content else None
+        if pieces is not None and "".join(pieces) != text:  # tokens that do not spell the text cannot be aligned
+            pieces = lps = None
+        return read_grounding(text, pieces, lps, model_image_size(self.vlm, screen), screen, self.no_logprobs)
+
+    def ground(self, items: Sequence[tuple[str, str, Any]], screen: tuple[int, int]) -> list[Grounding]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        convs = [grounding_conversation(i, p, s) for i, p, s in items]
+        with ThreadPoolExecutor(max(1, min(16, len(convs)))) as pool:
+            return list(pool.map(lambda c: self._one(c, screen), convs))
+
+
+def make_grounder(spec: str, name: str | None = None, model: str | None = None, cfg: CoEPGConfig | None = None):
+    """A grounding model from a checkpoint directory or an http(s):// endpoint."""
+    tokens = cfg.grounder_max_new_tokens if cfg else 48
+    if spec.startswith(("http://", "https://")):
+        return EndpointGrounder(spec, model, name, tokens, cfg.no_logprobs_confidence if cfg else 0.0)
+    if not (Path(spec) / "config.json").exists():
+        raise ValueError(f"grounding model {spec!r} is neither a checkpoint directory nor an http(s):// endpoint")
+    return TransformersGrounder(spec, name, cfg.device if cfg else None, tokens)
+
+
+class CDREMReward:
+    """TRL reward function: each sampled plan -> the gate (type, value) -> C-DREM over the grounding pool.
+    Logs the gate pass rate, the plan readability rate and, per grounding model, its mean C-DREM weight and
+    hit rate over the plans it grounded."""
+
+    __name__ = "cdrem"  # TRL logs the reward as rewards/cdrem/...
+
+    def __init__(self, grounders: Sequence[Grounder], priors: Sequence[float]):
+        if len(grounders) != len(priors):
+            raise ValueError(f"{len(grounders)} grounding models but {len(priors)} priors")
+        if not grounders:
+            raise ValueError("C-DREM needs at least one grounding model (--grounder / --grounders)")
+        self.grounders, self.priors = list(grounders), [float(p) for p in priors]
+
+    def score(self, rows: Sequence[dict], texts: Sequence[str]) -> tuple[list[float], dict[str, float]]:
+        from ..executor import executor_text
+        from ..planner import parse_plan
+        from ..states import state_observation
+
+        rewards = [0.0] * len(texts)
+        read = passed = 0
+        todo = []
+        for i, (row, text) in enumerate(zip(rows, texts)):
+            kind, value, point = (
+                (row["action_type"], row["value"], row["point"])
+                if "action_type" in row
+                else target_step(row["target"], row["screen"])
+            )
+            plan = plan_step(text)
+            read += plan is not None
+            if not gate(plan, kind, value):
+                continue
+            passed += 1
+            if not point:  # nothing to ground: the gate decides
+                rewards[i] = 1.0
+                continue
+            todo.append((i, point))
+        stats = {"cdrem/gate_pass_rate": passed / max(1, len(texts)), "cdrem/readable_rate": read / max(1, len(texts))}
+        if todo:
+            screen = tuple(int(v) for v in rows[todo[0][0]]["screen"])
+            items = [
+                (rows[i]["instruction"], executor_text(parse_plan(texts[i])), state_observation(rows[i])["screenshot"])
+                for i, _ in todo
+            ]
+            answers = [g.ground(items, screen) for g in self.grounders]
+            weights_sum = [0.0] * len(self.grounders)
+            hits_sum = [0] * len(self.grounders)
+            for k, (i, point) in enumerate(todo):
+                row = rows[i]
+                box = list(row["box"]) if row.get("box") else None
+                hits = [inside(a[k].point, box, point, float(row.get("radius") or 0.0)) for a in answers]
+                w = cdrem_weights([a[k].confidence for a in answers], self.priors)
+                rewards[i] = sum(wj * h for wj, h in zip(w, hits))
+                for j in range(len(w)):
+                    weights_sum[j] += w[j]
+                    hits_sum[j] += hits[j]
+            for j, g in enumerate(self.grounders):
+                stats[f"cdrem/weight/{g.name}"] = weights_sum[j] / len(todo)
+                stats[f"cdrem/hit_rate/{g.name}"] = hits_sum[j] / len(todo)
+        return rewards, stats
+
+    def __call__(self, prompts, completions, log_metric=None, **columns) -> list[float]:
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        rows = [
+            {k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(texts)}
+            for i in range(len(texts))
+        ]
+        rewards, stats = self.score(rows, texts)
+        if log_metric is not None:
+            for k, v in stats.items():
+                log_metric(k, v)
+        return rewards
+
+
+# ------------------------------------------------------------------------------------------ GRPO
+def grounding_pool(cfg: CoEPGConfig, own: Sequence[str] = ()) -> tuple[list, list[float]]:
+    """The C-DREM pool and its priors: the fixed --grounders, then the own grounding model's generations
+    (`own`, oldest first; default --grounder), the newest with --own-prior, older ones --previous-prior."""
+    priors = list(cfg.grounder_priors) or [1.0] * len(cfg.grounders)
+    if len(priors) != len(cfg.grounders):
+        raise ValueError(f"--grounder-priors gives {len(priors)} priors for {len(cfg.grounders)} --grounders")
+    models = list(cfg.grounder_models) + [None] * (len(cfg.grounders) - len(cfg.grounder_models))
+    pool = [make_grounder(s, f"fixed{j}", m, cfg) for j, (s, m) in enumerate(zip(cfg.grounders, models))]
+    own = list(own) or ([cfg.grounder] if cfg.grounder else [])
+    for k, path in enumerate(own):
+        newest = k == len(own) - 1
+        pool.append(make_grounder(path, "own" if newest else f"own_prev{len(own) - 1 - k}", None, cfg))
+        priors.append(cfg.own_prior if newest else cfg.previous_prior)
+    if not pool:
+        raise ValueError("coda train co-epg needs grounding models: --grounder DIR and/or --grounders DIR|URL ...")
+    return pool, priors
+
+
+def train_grpo(
+    cfg: CoEPGConfig,
+    out: Path | None = None,
+    grounders: tuple[list, list[float]] | None = None,
+    progress: bool = True,
+    extra_log: dict | None = None,
+) -> dict:
+    """One GRPO run of the planner over cfg.data under C-DREM (coda.build_trainer with this reward, then
+    coda.run_trainer: held-out reward before and after, checkpoints, resume, export). Returns its summary."""
+    from .coda import build_trainer, run_trainer
+    from .steplevel import load_states
+
+    out = Path(out or cfg.out)
+    train, app = load_states(cfg.data, cfg.app)
+    held = step_data(load_states(cfg.eval_data, app)[0]) if cfg.eval_data else None
+    pool, priors = grounders or grounding_pool(cfg)
+    reward = CDREMReward(pool, priors)
+    train = step_data(train)
+    trainer = build_trainer(
+        cfg, out, train_states=train, eval_states=held, progress=progress, extra_log=extra_log, rewards=[reward]
+    )
+    return run_trainer(trainer, cfg, out, base=cfg.planner, extra_log=extra_log)
+
+
+# ------------------------------------------------------------------------------------------ grounding SFT
+_VERBS = {"click": "click", "double_click": "left_double", "right_click": "right_single", "move": "hover"}
+
+
+def grounding_answer(plan: str, action_type: str, point: Sequence[int], image_size, screen) -> str | None:
+    """The SFT target of a successful plan: `Thought: <plan>\\nAction: click(start_box='(x,y)')` with the
+    target's point in the pixels of the image the model sees (UI-TARS-1.5's coordinates); None for a step that
+    is not one point (keys, text, drags)."""
+    verb = _VERBS.get(action_type)
+    if verb is None or not point:
+        return None
+    (iw, ih), (sw, sh) = image_size, screen
+    x, y = round(point[0] / sw * iw), round(point[1] / sh * ih)
+    return f"Thought: {plan}\nAction: {verb}(start_box='({x},{y})')"
+
+
+def _image_size(image_processor, screen: Sequence[int]) -> tuple[int, int]:
+    from ..models import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, smart_resize
+
+    size = getattr(image_processor, "size", None) or {}
+    lo = size.get("shortest_edge") or getattr(image_processor, "min_pixels", None) or DEFAULT_MIN_PIXELS
+    hi = size.get("longest_edge") or getattr(image_processor, "max_pixels", None) or DEFAULT_MAX_PIXELS
+    h, w = smart_resize(int(screen[1]), int(screen[0]), min_pixels=lo, max_pixels=hi)
+    return w, h
+
+
+def _target_point(row: dict) -> list[int]:
+    """Where the grounding model should point: the centre of the target's box, else its point."""
+    box = list(row.get("box") or [])
+    if len(box) == 4:
+        return [(box[0] + box[2]) // 2, (box[1] + box[3]) // 2]
+    return list(row["point"])
+
+
+def grounding_examples(pairs: Sequence[tuple[dict, str]], image_processor):
+    """(state, successful plan) pairs -> a prompt-completion dataset TRL's SFTTrainer reads: the grounding
+    conversation's user turn with the screenshot, and the answer that points at the target. States whose step
+    is not one point are left out."""
+    from datasets import Dataset
+
+    from ..executor import executor_text
+    from ..models import to_pil
+    from ..planner import parse_plan
+    from ..states import state_observation
+
+    rows = []
+    for row, text in pairs:
+        screen = (int(row["screen"][0]), int(row["screen"][1]))
+        plan = executor_text(parse_plan(text))
+        answer = grounding_answer(
+            plan, row["action_type"], _target_point(row), _image_size(image_processor, screen), screen
+        )
+        if answer is None:
+            continue
+        shot = to_pil(state_observation(row)["screenshot"])
+        rows.append({"instruction": row["instruction"], "answer": answer, "images": [shot]})
+    if not rows:
+        return None
+    return Dataset.from_list(rows).with_transform(_sft_transform)
+
+
+def _sft_transform(batch: dict[str, list]) -> dict[str, list]:
+    from .. import prompts
+
+    prompts_, completions = [], []
+    for instruction, answer in zip(batch["instruction"], batch["answer"]):
+        prompts_.append(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": prompts.uitars_prompt(instruction)}, {"type": "image"}],
+                }
+            ]
+        )
+        completions.append([{"role": "assistant", "content": [{"type": "text", "text": answer}]}])
+    return {"prompt": prompts_, "completion": completions, "images": batch["images"]}
+
+
+def sft_grounder(cfg: CoEPGConfig, base: str, examples, out: Path, progress: bool = True) -> dict:
+    """Fine-tune the grounding model `base` on `examples` (grounding_examples) with TRL's SFTTrainer (loss on
+    the answer only), and export it to OUT/grounder (a checkpoint the pool and `--executor` load). Returns a
+    summary."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from trl import SFTConfig, SFTTrainer
+
+    from .coda import _checkpointing_field
+    from .steplevel import ImageTextProcessor, RunLogCallback, export_planner
+
+    out = Path(out)
+    cuda = torch.cuda.is_available() and (cfg.device or "cuda").startswith("cuda")
+    bf16 = cuda if cfg.bf16 is None else cfg.bf16
+    processor = ImageTextProcessor.from_checkpoint(base)
+    model = AutoModelForImageTextToText.from_pretrained(
+        base, dtype=torch.bfloat16 if bf16 else torch.float32, local_files_only=True
+    )
+    args = SFTConfig(
+        output_dir=str(out / "checkpoints"),
+        seed=cfg.seed,
+        use_cpu=not cuda,
+        bf16=bf16,
+        learning_rate=cfg.sft_lr,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=cfg.max_grad_norm,
+        per_device_train_batch_size=cfg.sft_micro_batch,
+        num_train_epochs=cfg.sft_epochs,
+        max_length=None,  # a screenshot alone can be over 1000 tokens: never cut into the answer
+        completion_only_loss=True,
+        **{_checkpointing_field(): False},
+        logging_steps=1,
+        report_to=[],
+        disable_tqdm=not progress,
+        save_strategy="no",
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+    )
+    peft_config = None
+    if cfg.sft_lora_r > 0:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=cfg.sft_lora_r,
+            lora_alpha=2 * cfg.sft_lora_r,
+            target_modules=list(cfg.lora_targets),
+            task_type="CAUSAL_LM",
+        )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=examples,
+        processing_class=processor,
+        peft_config=peft_config,
+        callbacks=[RunLogCallback(out, {"phase": "grounding_sft"})],
+    )
+    if not progress:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
+    t0 = time.monotonic()
+    result = trainer.train()
+    export_planner(trainer, base, processor, out / "grounder")
+    return {
+        "grounder": str(out / "grounder"),
+        "sft_examples": len(examples),
+        "sft_loss": result.training_loss,
+        "sft_seconds": time.monotonic() - t0,
+    }
+
+
+def regenerate_plans(
+    cfg: CoEPGConfig, planners: Sequence[str], states, reward: CDREMReward
+) -> tuple[list[tuple[dict, str]], dict]:
+    """The planner pool samples `--sft-plans` plans per state (temperature --temperature); a plan is successful
+    when it passes the gate on a pointer step and C-DREM over the pool (`reward`) gives it at least
+    --sft-min-reward: the pool agrees it lands in the target, so a plan that names the wrong element (it passes
+    the gate, its type and value being right) does not teach the grounding model to point at the target.
+    Returns (the successful (state, plan) pairs, counts)."""
+    from ..models import SamplingParams, TransformersVLM
+    from ..states import planner_conversation
+
+    pairs: list[tuple[dict, str]] = []
+    sampled = passed = 0
+    rows = list(states)
+    for path in planners:
+        vlm = TransformersVLM(path, device=cfg.device)
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+        for n in range(cfg.sft_plans):
+            params.seed = cfg.seed + 1000 * n
+            convs = [planner_conversation(r, history_images=cfg.history_images) for r in rows]
+            texts = [g.text for g in vlm.generate(convs, params)]
+            sampled += len(texts)
+            rewards, stats = reward.score(rows, texts)
+            passed += round(stats["cdrem/gate_pass_rate"] * len(texts))
+            pairs += [(r, t) for r, t, x in zip(rows, texts, rewards) if r["point"] and x >= cfg.sft_min_reward]
+        del vlm
+    return pairs, {"plans_sampled": sampled, "plans_passed_gate": passed, "plans_successful": len(pairs)}
+
+
+# ------------------------------------------------------------------------------------------ the iteration
+def run_rounds(cfg: CoEPGConfig, progress: bool = True) -> list[dict]:
+    """K Co-EPG iterations, resumable per round (see the module's docstring). Returns one record per round."""
+    from .coda import _round_states
+    from .common import probe_env
+    from .steplevel import ImageTextProcessor, load_states
+
+    from .coda import _world_size
+
+    if _world_size() > 1:
+        raise ValueError("the Co-EPG iteration runs in one process (its SFT and plan sampling are not distributed)")
+    if not cfg.grounder or not (Path(cfg.grounder) / "config.json").exists():
+        raise ValueError(f"--rounds needs --grounder DIR (the own grounding model, trained by SFT): {cfg.grounder!r}")
+    if not cfg.planner or not (Path(cfg.planner) / "config.json").exists():
+        raise ValueError(f"--planner {cfg.planner!r} is not a checkpoint directory (no config.json)")
+    if cfg.env:
+        cfg.app = probe_env(cfg.env, cfg.episode_steps).app
+    elif not cfg.data:
+        raise ValueError("--rounds needs --data STATES or --env (whose tasks' oracle replays give the states)")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_config(out, cfg)
+    done = _finished_rounds(out)
+    planners, own = [cfg.planner], [cfg.grounder]
+    history: list[dict] = []
+    for r in range(cfg.rounds):
+        rd = _round_dir(out, r)
+        if r in done:
+            rec = done[r]
+            history.append(rec)
+            planners = (planners + [rec["planner"]])[-cfg.pool_size :]
+            own = (own + [rec["grounder"]])[-cfg.pool_size :]
+            continue
+        data = _round_states(cfg, r, out) if cfg.env else list(cfg.data)
+        rcfg = replace(cfg, data=data, planner=planners[-1], rounds=0, out=str(rd / "train"))
+        pool = grounding_pool(cfg, own)
+        train_rec = train_grpo(rcfg, grounders=pool, progress=progress, extra_log={"round": r})
+        planners = (planners + [str(rd / "train" / "planner")])[-cfg.pool_size :]
+        states = step_data(load_states(data, cfg.app)[0])
+        pairs, counts = regenerate_plans(cfg, planners, states, CDREMReward(*pool))
+        examples = grounding_examples(pairs, ImageTextProcessor.from_checkpoint(own[-1]).image_processor)
+        rec: dict[str, Any] = {"round": r, "planner": planners[-1], "states": train_rec.get("states"), **counts}
+        rec.update({k: train_rec[k] for k in ("steps", "eval_reward_before", "eval_reward_after") if k in train_rec})
+        if examples is not None:
+            sft = sft_grounder(cfg, own[-1], examples, rd / "sft", progress)
+            own = (own + [sft["grounder"]])[-cfg.pool_size :]
+            rec.update({k: v for k, v in sft.items() if k != "grounder"})
+        else:  # no successful plan on a pointer step: the grounding model stays as it is this round
+            own = (own + [own[-1]])[-cfg.pool_size :]
+            rec["sft_examples"] = 0
+        rec["grounder"] = own[-1]
+        if cfg.env and cfg.episodes > 0:
+            live = _live_eval(replace(cfg, executor=cfg.executor or own[-1]), planners[-1], rd / "eval", progress)
+            rec["live_success_rate"] = _success_rate(live)
+        _mark_done(out, r, rec)
+        with open(out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        history.append(rec)
+    return history
+
+
+def run(cfg: CoEPGConfig, progress: bool = True) -> list[dict]:
+    if cfg.rounds > 0:
+        return run_rounds(cfg, progress)
+    if cfg.env:
+        from .common import probe_env
+
+        cfg.app = probe_env(cfg.env).app
+    return [train_grpo(cfg, progress=progress)]
+
+
+def summary(cfg: CoEPGConfig, history: list[dict]) -> str:
+    lines = []
+    for h in history:
+        extra = "".join(f" {k} {h[k]:.3f}" for k in ("eval_reward_before", "eval_reward_after") if k in h)
+        if "round" in h:
+            live = f" live success {h['live_success_rate']:.3f}" if "live_success_rate" in h else ""
+            lines.append(
+                f"round {h['round']}:{extra}{live} sft examples {h.get('sft_examples', 0)}  planner {h['planner']}  "
+                f"grounder {h['grounder']}"
+            )
+        else:
+            lines.append(f"{h.get('steps', 0)} steps over {h.get('states', 0)} states,{extra}")
+            lines.append(f"planner: {h.get('planner')}")
+    return "\n".join(lines)
+
+
+METHOD = Method(
+    "co-epg",
+    "Co-EPG: GRPO on the planner under C-DREM (an ensemble of grounding models scores each plan, gated by "
+    "action type and value) and SFT of the grounding model on the planner's successful plans, iterated",
+    CoEPGConfig,
+    run,
+    summary,
+)

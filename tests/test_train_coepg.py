@@ -1,0 +1,365 @@
+"""`coda train co-epg`: Co-EPG on the step-level core (C-DREM-rewarded GRPO of the planner, SFT of the grounding
+model, iterated).
+
+Fast tier (marker `fast`: no X server, seconds): `cdrem_weights` against hand-computed values, the gates (type,
+value F1 at/below/above 0.5), boxes at their edges, the plan reader, the coordinate confidence, the reward with
+FAKE grounding models (named as such), the command's help. Then the learning test on real KAlgebra states with
+real tiny Qwen2.5-VL models: a planner warmed up to write one of four plans, a grounding model warmed up (TRL's
+SFTTrainer, the method's own SFT) to point at the tab a plan names; one Co-EPG round (GRPO under C-DREM over the
+own grounding model and a second, untrained one; plans regenerated; grounding SFT) raises the mean C-DREM reward
+on held-out states."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+trl = pytest.importorskip("trl")
+
+from coda_agent.train import METHODS  # noqa: E402
+from coda_agent.train.coepg import (  # noqa: E402
+    CDREMReward,
+    CoEPGConfig,
+    Grounding,
+    cdrem_weights,
+    gate,
+    inside,
+    plan_step,
+    read_grounding,
+    target_step,
+    token_f1,
+)
+
+fast = pytest.mark.fast
+
+
+# ------------------------------------------------------------------------------------------ C-DREM weights
+@fast
+def test_cdrem_weights_equal_confidences_follow_the_priors():
+    # softmax(1*-1, 1*-1, 2*-1) = e^-1, e^-1, e^-2 over their sum
+    w = cdrem_weights([-1.0, -1.0, -1.0], [1.0, 1.0, 2.0])
+    z = 2 * math.exp(-1) + math.exp(-2)
+    assert w == pytest.approx([math.exp(-1) / z, math.exp(-1) / z, math.exp(-2) / z])
+    assert cdrem_weights([-0.5, -0.5], [1.0, 1.0]) == pytest.approx([0.5, 0.5])
+    assert cdrem_weights([0.0, 0.0, 0.0], [1.0, 1.0, 2.0]) == pytest.approx([1 / 3] * 3)  # certain: priors idle
+
+
+@fast
+def test_cdrem_weights_one_dominant_model():
+    w = cdrem_weights([-0.01, -5.0, -8.0], [1.0, 1.0, 1.0])
+    z = math.exp(-0.01) + math.exp(-5.0) + math.exp(-8.0)
+    assert w == pytest.approx([math.exp(-0.01) / z, math.exp(-5.0) / z, math.exp(-8.0) / z])
+    assert w[0] > 0.99
+    # huge confidences gaps do not overflow
+    assert cdrem_weights([-1e-3, -1e4], [2.0, 1.0]) == pytest.approx([1.0, 0.0])
+
+
+@fast
+def test_cdrem_weights_minus_inf_gets_zero_and_all_minus_inf_gives_zeros():
+    w = cdrem_weights([-math.inf, -2.0, -1.0], [1.0, 1.0, 2.0])
+    assert w[0] == 0.0
+    assert w[1:] == pytest.approx([1 / (1 + math.exp(0)), 1 / (1 + math.exp(0))])  # -2*1 = -1*2
+    assert cdrem_weights([-math.inf, -math.inf], [1.0, 2.0]) == [0.0, 0.0]
+    assert cdrem_weights([float("nan"), -1.0], [1.0, 1.0]) == [0.0, 1.0]
+    with pytest.raises(ValueError):
+        cdrem_weights([-1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        cdrem_weights([-1.0], [-1.0])
+
+
+# ------------------------------------------------------------------------------------------ gates and boxes
+@fast
+def test_token_f1_and_the_gate_at_below_and_above_one_half():
+    assert token_f1("", "") == 1.0 and token_f1("x", "") == 0.0
+    assert token_f1("sin(x)", "sin(x)") == 1.0
+    # "a b" vs "a c": p = r = 1/2 -> F1 = 0.5, not above 0.5: the gate fails
+    assert token_f1("a b", "a c") == pytest.approx(0.5)
+    assert not gate(("type", "a b"), "type", "a c")
+    # "a b c" vs "a b d": 2/3 -> passes;  "a" vs "a b c d": p=1, r=1/4 -> F1 = 0.4 -> fails
+    assert token_f1("a b c", "a b d") == pytest.approx(2 / 3)
+    assert gate(("type", "a b c"), "type", "a b d")
+    assert token_f1("a", "a b c d") == pytest.approx(0.4)
+    assert not gate(("type", "a"), "type", "a b c d")
+    # the type must match exactly, whatever the value
+    assert not gate(("double_click", ""), "click", "")
+    assert not gate(("key", "enter"), "type", "enter")
+    assert gate(("click", ""), "click", "")
+    assert not gate(None, "click", "")
+
+
+@fast
+def test_boxes_at_their_edges_and_discs():
+    box = [85, 39, 166, 65]
+    for p in [(85, 39), (166, 65), (85, 65), (166, 39), (125, 53)]:
+        assert inside(p, box), p
+    for p in [(84, 39), (167, 65), (85, 38), (166, 66)]:
+        assert not inside(p, box), p
+    assert inside((120, 0), None, (100, 0), 20.0) and not inside((121, 0), None, (100, 0), 20.0)
+    assert not inside(None, box)
+
+
+@fast
+def test_step_data_of_targets_and_plans():
+    assert target_step("pyautogui.click(125, 53)") == ("click", "", [125, 53])
+    assert target_step("pyautogui.write('sin(x)')\npyautogui.press('enter')") == ("type", "sin(x)", [])
+    assert target_step("pyautogui.hotkey('ctrl', 'a')") == ("key", "a ctrl", [])
+    assert target_step("pyautogui.scroll(-5, x=10, y=20)")[:2] == ("scroll", "down")
+    assert target_step("ANS 42") == ("answer", "42", [])
+    assert plan_step("Thought: the tab.\nAction: Click the '2D Graph' tab.") == ("click", "")
+    assert plan_step("Action: Double-click 'x'") == ("double_click", "")
+    assert plan_step("Action: Type 'sin(x)' into the input line and press enter") == ("type", "sin(x)")
+    assert plan_step("Action: Press ctrl+a") == ("key", "a ctrl")
+    assert plan_step("Action: Press enter") == ("key", "enter")
+    assert plan_step("Action: Scroll down in the list") == ("scroll", "down")
+    assert plan_step("Action: DONE") == ("done", "")
+    assert plan_step("Action: ANS 42") == ("answer", "42")
+    assert plan_step("no plan here") is None
+
+
+@fast
+def test_coordinate_confidence_is_the_mean_log_prob_of_the_coordinate_tokens():
+    pieces = [" click", "(start", "_box", "='(", "12", ",", "3", "4", ")')"]
+    lps = [-0.1, -0.2, -0.3, -0.4, -1.0, -9.0, -2.0, -3.0, -0.5]
+    g = read_grounding("".join(pieces), pieces, lps, (100, 100), (1000, 1000))
+    assert g.point == (120, 340)
+    assert g.confidence == pytest.approx((-1.0 - 2.0 - 3.0) / 3)  # '12', '3', '4' (not the comma)
+    assert read_grounding(" type(content='x')", None, None, (100, 100), (1000, 1000)).confidence == -math.inf
+    assert read_grounding("gibberish", None, None, (100, 100), (1000, 1000)).point is None
+    assert read_grounding(" click(start_box='(1,2)')", None, None, (100, 100), (1000, 1000), 0.0).confidence == 0.0
+
+
+@fast
+def test_the_grounding_sft_target_points_back_into_the_box():
+    """The SFT answer's point is in the model's image pixels; read back (as the reward reads a grounding model's
+    answer) it lands inside the target's box."""
+    from coda_agent.train.coepg import grounding_answer
+
+    size, screen = (224, 140), (1280, 800)
+    text = grounding_answer("Click '2D Graph'", "click", [125, 52], size, screen)
+    assert text == "Thought: Click '2D Graph'\nAction: click(start_box='(22,9)')"
+    g = read_grounding(text.split("Action:")[1], None, None, size, screen)
+    assert inside(g.point, [85, 39, 166, 65])
+    assert grounding_answer("x", "double_click", [1, 1], size, screen).endswith("left_double(start_box='(0,0)')")
+    assert grounding_answer("Type 'x'", "type", [], size, screen) is None
+
+
+class FakeGrounder:
+    """FAKE grounding model for fast tests: a fixed answer (point, confidence) per plan text."""
+
+    def __init__(self, name, table):
+        self.name, self.table, self.calls = name, table, 0
+
+    def ground(self, items, screen):
+        self.calls += len(items)
+        return [Grounding(*self.table.get(plan, (None, -math.inf))) for _, plan, _ in items]
+
+
+@fast
+def test_reward_gates_then_weighs_the_grounding_models():
+    screen = [1280, 800]
+    img = np.zeros((800, 1280, 3), np.uint8)
+    from coda_agent import states
+
+    row = {
+        "instruction": "Plot",
+        "images": [states._png(img)],
+        "target": "pyautogui.click(125, 53)",
+        "box": [85, 39, 166, 65],
+        "radius": 20.0,
+        "screen": screen,
+        "action_type": "click",
+        "value": "",
+        "point": [125, 53],
+    }
+    typed = {**row, "target": "pyautogui.write('x')", "box": [], "action_type": "type", "value": "x", "point": []}
+    a = FakeGrounder("a", {"Click '2D Graph'": ((125, 53), -1.0), "Click '3D Graph'": ((208, 53), -0.1)})
+    b = FakeGrounder("b", {"Click '2D Graph'": ((300, 300), -1.0), "Click '3D Graph'": ((166, 65), -0.1)})
+    reward = CDREMReward([a, b], [1.0, 1.0])
+    texts = ["Action: Click '2D Graph'", "Action: Click '3D Graph'", "Action: Press enter", "Action: Type 'x'", "nah"]
+    logged = {}
+    out = reward(
+        prompts=[None] * 5,
+        completions=[[{"role": "assistant", "content": t}] for t in texts],
+        log_metric=lambda k, v: logged.setdefault(k, v),
+        **{k: [row[k]] * 3 + [typed[k]] * 2 for k in row},
+    )
+    assert out == pytest.approx([0.5, 0.5, 0.0, 1.0, 0.0])  # equal confidences: half each; b hits the box edge
+    assert a.calls == 2  # only gated pointer plans are grounded
+    assert logged["cdrem/gate_pass_rate"] == pytest.approx(3 / 5)
+    assert logged["cdrem/weight/a"] == pytest.approx(0.5) and logged["cdrem/hit_rate/b"] == pytest.approx(0.5)
+    none = CDREMReward([FakeGrounder("x", {})], [1.0])
+    assert none.score([row], ["Action: Click '2D Graph'"])[0] == [0.0]  # all -inf: reward 0
+
+
+@fast
+def test_help_shows_every_setting_with_its_default(capsys):
+    from coda_agent.cli import main
+
+    assert "co-epg" in METHODS
+    with pytest.raises(SystemExit) as e:
+        main(["train", "co-epg", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for f in dataclasses.fields(CoEPGConfig):
+        assert f"--{f.name.replace('_', '-')}" in text, f.name
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+    for shown in ("(the paper's 7) (default: 7)", "(default: 5e-07)", "(default: 0.9)", "(default: 0.01)"):
+        assert shown in text, shown
+    assert "--grounders [GROUNDERS ...]" in text and "--own-prior OWN_PRIOR" in text
+
+
+@fast
+def test_errors_are_one_line_and_exit_code_2(tmp_path, capsys):
+    from coda_agent.cli import main
+    from tests.test_train_coda import synthetic_states
+
+    data = synthetic_states(tmp_path / "states", n=2)
+    capsys.readouterr()
+    base = ["train", "co-epg", "--planner", str(tmp_path / "p"), "--data", str(data), "--out", str(tmp_path / "run")]
+    cases = {
+        "no grounding model": (base, "--grounder DIR"),
+        "not a model": (base + ["--grounders", str(tmp_path / "nowhere")], "neither a checkpoint directory"),
+        "priors": (base + ["--grounders", "http://127.0.0.1:9", "--grounder-priors", "1", "2"], "2 priors for 1"),
+        "rounds without own model": (base + ["--rounds", "1"], "--rounds needs --grounder"),
+    }
+    for name, (argv, needle) in cases.items():
+        assert main(argv) == 2, name
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("coda train co-epg: error:"), (name, err)
+        assert needle in err, (name, err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_command_trains_once_with_a_real_grounding_model(tmp_path, capsys):
+    """`coda train co-epg` without --rounds: one GRPO run of a tiny real planner over SYNTHETIC states under
+    C-DREM with a tiny real grounding model (its tokens' log-probs read for the confidence); the planner is
+    exported and the C-DREM scalars are logged."""
+    from coda_agent.cli import main
+    from coda_agent.tiny import build_tiny_qwen2_5_vl
+    from coda_agent.train.coepg import TransformersGrounder
+    from tests.test_train_coda import synthetic_states
+
+    data = synthetic_states(tmp_path / "states", n=2)
+    planner = build_tiny_qwen2_5_vl(tmp_path / "planner", max_pixels=16 * 28 * 28)
+    grounder = build_tiny_qwen2_5_vl(tmp_path / "grounder", seed=1, max_pixels=16 * 28 * 28)
+    g = TransformersGrounder(grounder, max_new_tokens=8).ground(
+        [("Plot", "Click '2D Graph'", np.zeros((800, 1280, 3), np.uint8))], (1280, 800)
+    )[0]
+    assert g.point is None and g.confidence == -math.inf  # an untrained model writes no point
+    out = tmp_path / "run"
+    argv = ["train", "co-epg", "--planner", str(planner), "--grounder", str(grounder), "--data", str(data)]
+    argv += ["--out", str(out), "--max-steps", "1", "--group-size", "2", "--states-per-step", "2"]
+    argv += ["--micro-batch", "4", "--max-new-tokens", "4", "--lora-r", "2", "--quiet"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "1 steps over 2 states" in text and f"planner: {out / 'planner'}" in text
+    assert (out / "planner" / "config.json").exists()
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("cdrem/gate_pass_rate" in x and "rewards/cdrem/mean" in x for x in lines)
+    assert json.loads((out / "config.json").read_text())["grounder"] == str(grounder)
+
+
+# ------------------------------------------------------------------------------------------ learning
+TRAIN_TASKS = ["plot_parabola", "plot_abs_shift", "plot_circle_implicit", "plot_derivative"]
+HELD_OUT = ["plot_ln_squared", "plot_sine_scaled", "plot_with_tangent"]
+# The planner's warm-up teaches four plans; at the first step of a 2D-graph task the label clicks the '2D Graph'
+# tab: "Press enter" (a key) and "Type '2D Graph'" (a text) fail the gate; both clicks pass it, and C-DREM decides
+# between them by where the grounding models point: only the '2D Graph' plan lands in the target's box.
+PLANS = ["Click '2D Graph'", "Click 'Dictionary'", "Press enter", "Type '2D Graph'"]
+TABS = ["2D Graph", "Dictionary"]
+SMALL = 16 * 28 * 28  # tiny models see a 1280x800 screen as 224x140 pixels (cheaper on a shared CPU)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_one_round_raises_the_cdrem_reward_on_held_out_states(tmp_path):
+    """Real KAlgebra oracle states (first steps of the 2D-graph family: 4 tasks to train on, 3 held out), real
+    tiny Qwen2.5-VL models: a planner warmed up to write one of four plans; the own grounding model warmed up by
+    the method's own SFT (TRL's SFTTrainer) to point at the tab a plan names; a second grounding model left
+    untrained (its answers give no point: weight 0). One Co-EPG round raises the mean C-DREM reward on the
+    held-out states by at least 0.2, regenerates the plans, fine-tunes the grounding model and is not redone on
+    a rerun. (Minutes on a shared 2-core machine: marked slow.)"""
+    import time
+
+    from coda_agent import states
+    from coda_agent.a11y_executor import find_element
+    from coda_agent.models import TransformersVLM
+    from coda_agent.tiny import build_tiny_qwen2_5_vl
+    from coda_agent.train.coepg import grounding_examples, run_rounds, sft_grounder, step_data
+    from coda_agent.train.sft import Example, SFTConfig, finetune
+    from coda_agent.train.steplevel import ImageTextProcessor, load_states
+    from coda_agent.types import Sample
+    from coda_env.a11y import parse_table
+
+    t0 = time.monotonic()
+    for name, tasks in (("train", TRAIN_TASKS), ("held", HELD_OUT)):
+        states.build([r for r in states.oracle_states("coda/KAlgebra-v0", tasks) if r["step"] == 1], tmp_path / name)
+    train_ds = step_data(load_states([tmp_path / "train"])[0])
+    assert set(train_ds["target"]) == {"pyautogui.click(125, 53)"}
+    vlm = TransformersVLM(build_tiny_qwen2_5_vl(tmp_path / "tiny", max_pixels=SMALL))
+    warm = [
+        Example(r["task"], "kalgebra", 1, Sample("planner", states.planner_conversation(r, history_images=2), []), f"Action: {p}")
+        for r in train_ds.select(range(2))
+        for p in PLANS
+    ]  # fmt: skip
+    finetune(SFTConfig(out=str(tmp_path / "warm"), epochs=16, lr=1e-2, micro_batch=4, lora_r=0), vlm, warm, False)
+    ground0 = build_tiny_qwen2_5_vl(tmp_path / "tiny_ground", seed=1, max_pixels=SMALL)
+    pairs = []  # each tab's plan -> that tab's centre (from the state's accessibility table)
+    for r in train_ds:
+        for tab in TABS:
+            el = find_element(f"'{tab}'", parse_table(r["a11y"]))
+            pairs.append(({**r, "box": list(el.box), "point": list(el.center)}, f"Action: Click '{tab}'"))
+    examples = grounding_examples(pairs, ImageTextProcessor.from_checkpoint(ground0).image_processor)
+    warm_cfg = CoEPGConfig(sft_lr=5e-3, sft_epochs=60, sft_micro_batch=8, seed=0)
+    sft_grounder(warm_cfg, str(ground0), examples, tmp_path / "ground_warm", progress=False)
+    untrained = build_tiny_qwen2_5_vl(tmp_path / "tiny_other", seed=2, max_pixels=SMALL)
+    warmed = time.monotonic() - t0
+    cfg = CoEPGConfig(
+        planner=str(tmp_path / "warm" / "planner"),
+        grounder=str(tmp_path / "ground_warm" / "grounder"),
+        grounders=[str(untrained)],
+        data=[str(tmp_path / "train")],
+        eval_data=[str(tmp_path / "held")],
+        out=str(tmp_path / "run"),
+        rounds=1,
+        group_size=8,
+        states_per_step=4,
+        micro_batch=16,
+        max_steps=6,
+        updates_per_batch=3,
+        lr=1e-3,
+        max_new_tokens=12,
+        grounder_max_new_tokens=16,
+        lora_r=0,
+        eval_generations=16,
+        sft_plans=2,
+        sft_lr=1e-4,
+        save_steps=100,
+        seed=0,
+    )
+    t1 = time.monotonic()
+    history = run_rounds(cfg, progress=False)
+    rec = history[0]
+    before, after = rec["eval_reward_before"], rec["eval_reward_after"]
+    print(
+        f"held-out mean C-DREM reward before {before:.3f}, after {after:.3f} ({rec['steps']} GRPO steps; "
+        f"of {rec['plans_sampled']} regenerated plans {rec['plans_passed_gate']} passed the gate, "
+        f"{rec['plans_successful']} were successful -> "
+        f"{rec['sft_examples']} grounding SFT examples; warm-ups {warmed:.0f} s, the round "
+        f"{time.monotonic() - t1:.0f} s)"
+    )
+    assert after >= before + 0.2, rec
+    out = Path(cfg.out)
+    assert (out / "round_00" / "done.json").exists() and 0 < rec["plans_successful"] <= rec["plans_passed_gate"]
+    assert (out / "round_00" / "sft" / "grounder" / "config.json").exists()
+    lines = [json.loads(x) for x in (out / "round_00" / "train" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "cdrem/gate_pass_rate" in x]
+    assert steps and {"cdrem/weight/own", "cdrem/weight/fixed0", "cdrem/hit_rate/own"} <= set(steps[-1])
+    assert all(x["cdrem/weight/fixed0"] == 0.0 for x in steps)  # the untrained model never gives a point
+    assert run_rounds(cfg, progress=False) == history  # a rerun resumes after the finished round
