@@ -16,13 +16,14 @@ import types
 import typing
 from pathlib import Path
 
-from . import coda, grpo, sft
+from . import coda, grpo, procua, sft
 from .common import Method
 
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         coda.METHOD,  # stage 1 as published: step-level decoupled GRPO over state datasets (TRL)
+        procua.METHOD,  # PRO-CUA: step-level GRPO with process rewards for the policy's own live states
         grpo.METHOD,  # stage 1, episodic: decoupled GRPO on the planner over whole episodes
         sft.METHOD,  # stage 2: generalist SFT on successful trajectories
     )

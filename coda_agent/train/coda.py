@@ -346,11 +346,13 @@ def build_trainer(
     progress: bool = True,
     extra_log: dict | None = None,
     extra_rewards: Sequence = (),
+    reward_funcs: Sequence | None = None,
 ):
     """The trl.GRPOTrainer of a run (not started): the planner (cfg.planner, or `model`: a model object), the
     states (cfg.data, or `train_states`), the reward through the executor (cfg.executor, or `executor`), LoRA
     (cfg.lora_r > 0) or full weights, our metrics callback. `extra_rewards` are added to the reward (TRL sums
-    reward functions; benchmarks use it)."""
+    reward functions; benchmarks use it); `reward_funcs` replace CODA's reward (another step-level method's own
+    reward: PRO-CUA's process reward)."""
     from trl import GRPOTrainer
 
     from .steplevel import ImageTextProcessor, PromptTransform, RunLogCallback, load_states
@@ -403,7 +405,10 @@ def build_trainer(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = GRPOTrainer(
         model=model if model is not None else cfg.planner,
-        reward_funcs=[ExecutorReward(executor, cfg.reward_scale), *extra_rewards],
+        reward_funcs=[
+            *(reward_funcs if reward_funcs is not None else [ExecutorReward(executor, cfg.reward_scale)]),
+            *extra_rewards,
+        ],
         args=args,
         train_dataset=train_states.with_transform(transform),
         eval_dataset=eval_states.with_transform(transform) if eval_states is not None else None,
