@@ -614,12 +614,33 @@ def collected_states(run: Path, scorer: ReplayScorer, history_images: int = 2) -
 
     prefixes = prefixes_of_run(run)
     out = []
-    for rec in states.run_states(run, keep_episode=lambda ep: True, history_images=history_images):
+    every = states.run_states(
+        run, keep_episode=lambda ep: True, keep_step=lambda st: True, history_images=history_images
+    )
+    for rec in every:
         head, k = rec["id"].rsplit(":", 1)
         task, episode = head.rsplit(":", 1)[1].rsplit("__", 1)
         rec["prefix"] = json.dumps(prefixes[(task, int(episode))][: int(k) - 1])
         out.append(scorer.complete(rec))
     return out
+
+
+def load_prefixed(paths: Sequence[str | Path], app: str | None = None):
+    """State datasets (steplevel.load_states' checks) concatenated, those without a `prefix` column (oracle
+    states, `coda data states`) given an empty one (the replay derives theirs), so that all share features."""
+    from datasets import Value, concatenate_datasets
+
+    from .steplevel import load_states
+
+    parts = []
+    for p in paths:
+        ds, app = load_states([p], app)
+        if "prefix" not in ds.column_names:
+            ds = ds.add_column("prefix", [""] * len(ds), feature=Value("string"))
+        parts.append(ds)
+    if not parts:
+        raise ValueError("no state dataset: give --data DIR (made by `coda data states ...`)")
+    return (parts[0] if len(parts) == 1 else concatenate_datasets(parts)), app
 
 
 def build_states(records: Sequence[dict], path: Path):
@@ -703,13 +724,13 @@ def train_once(
     """One GRPO run with the process reward over state datasets (CODA's trainer, `build_trainer`, with PRO-CUA's
     reward in place of CODA's). `scorers` (reward's, other) are built from cfg when None, and then closed."""
     from .coda import build_trainer
-    from .steplevel import load_states
 
     out = Path(out or cfg.out)
     own = scorers is None
     scorer, other = scorers if scorers is not None else make_scorers(cfg)
     try:
-        train_states, app = load_states(cfg.data, cfg.app)
+        train_states, app = load_prefixed(cfg.data, cfg.app)
+        eval_states = load_prefixed(cfg.eval_data, app)[0] if cfg.eval_data else None
         screen = tuple(train_states.select_columns(["screen"])[0]["screen"]) or (1280, 800)
         executor = make_executor(cfg, app, screen)
         reward = ProcessReward(executor, scorer, other, cfg.positive)
@@ -718,6 +739,7 @@ def train_once(
             out,
             executor=executor,
             train_states=train_states,
+            eval_states=eval_states,
             progress=progress,
             extra_log=extra_log,
             reward_funcs=[reward],
