@@ -808,7 +808,11 @@ def run_rounds(cfg: ProcuaConfig, progress: bool = True) -> list[dict]:
                 "collect_success_rate": float(live["overall"]["rate"]),
                 "states": rec_train.get("states"),
                 "steps": rec_train.get("steps"),
-                **{k: rec_train[k] for k in ("eval_reward_before", "eval_reward_after") if k in rec_train},
+                **{
+                    k: rec_train[k]
+                    for k in ("eval_reward_before", "eval_reward_after", "replays", "replay_seconds")
+                    if k in rec_train
+                },
             }
             _mark_done(out, r, rec)
             with open(out / "metrics.jsonl", "a") as f:
