@@ -261,7 +261,9 @@ def test_errors_are_one_line_and_exit_code_2(tmp_path, capsys):
         assert main(argv) == 2, name
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err, (name, err)
-    assert main(["prm", "judge"]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["prm", "judge"])
+    assert e.value.code == 2
     assert "coda prm calibrate --data" in capsys.readouterr().err
 
 
