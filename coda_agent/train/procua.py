@@ -445,9 +445,17 @@ class ReplayScorer:
         return {**record, "a11y": table, "box": list(el.box) if el is not None else []}
 
     def score(self, candidates: Sequence[Candidate]) -> list[StepScore]:
+        """Each candidate's replay score. A state whose prefix no longer replays scores 0 with
+        details["error"] (counted in the logged `replay/error_rate`), not a crash of the training run."""
         t0 = time.monotonic()
+        out = []
         try:
-            return [self._score_one(c) for c in candidates]
+            for c in candidates:
+                try:
+                    out.append(self._score_one(c))
+                except ReplayError as e:
+                    out.append(StepScore(0.0, {"replayed": False, "error": str(e)}))
+            return out
         finally:
             self.seconds += time.monotonic() - t0
 
@@ -475,6 +483,8 @@ class ReplayScorer:
         goal = path[min(j + 1, len(path) - 1)]
         self._replay(task, prefix)
         obs, _, term, trunc, info = self.env.step(c.action)
+        if info.get("error"):  # the app or its desktop died: no score to give (and none cached)
+            raise ReplayError(f"{task}: the candidate {c.action!r} crashed the episode: {info['error']}")
         details: dict[str, Any] = {"replayed": True, "position": j, "d_before": state_distance(before, goal)}
         if info.get("action_error"):
             details["action_error"] = info["action_error"]
@@ -577,6 +587,7 @@ class ProcessReward:
         if self.scorer.name == "prm":
             asked = [s for s in main if s.details.get("asked")]
             metrics["prm/parse_failure_rate"] = sum(s.details["fallback"] for s in asked) / max(1, len(asked))
+        metrics[f"{self.scorer.name}/error_rate"] = sum("error" in s.details for s in main) / max(1, len(main))
         if self.other is not None:
             second = [s.score for s in self.other.score(cands)]
             metrics.update(score_stats(self.other.name, second))
@@ -681,6 +692,8 @@ def collect(cfg: ProcuaConfig, planner: str, out: Path, scorer: ReplayScorer, pr
             planner_params=params,
         )
     elif cfg.agent == "uitars":
+        if not cfg.collector:
+            raise ValueError("--agent uitars needs --collector PATH_OR_URL (the UI-TARS model that collects)")
         agent = make_agent(
             "uitars",
             env.app,
