@@ -330,6 +330,7 @@ def test_prm_calibrate_on_real_states(parabola_states, tmp_path, capsys):
     assert "app:kalgebra" in text and "overall" in text
 
 
+@pytest.mark.timeout(900)
 def test_round_collects_scores_optimises_and_resumes(tmp_path):
     """One round on the real env: the tiny planner runs tab_3d_graph live, every visited state is stored
     with its replay prefix and a11y table, GRPO with the replay reward runs; a rerun does not redo it."""
@@ -381,6 +382,7 @@ HELD_OUT = ["plot_ln_squared", "plot_sine_scaled", "plot_with_tangent"]
 PLANS = ["Click '2D Graph'", "Click '3D Graph'", "Press enter", "Click 'Dictionary'"]
 
 
+@pytest.mark.timeout(1800)  # about 2-3 min on an idle 2-core machine; far longer on a shared, loaded one
 def test_one_round_raises_the_process_reward_on_held_out_states(tmp_path):
     from coda_agent import states
     from coda_agent.models import TransformersVLM
