@@ -95,6 +95,11 @@ class ProcuaConfig(CodaConfig):
     prm_fallback: float = opt(0.0, "the score of a candidate whose PRM answers hold no readable SCORE")
     positive: float = opt(0.5, "a candidate is a good step when its score is >= this (agreement, calibration)")
     oracle_states: bool = opt(True, "round 0 also trains on the states of the tasks' oracle replays")
+    # CODA's settings that PRO-CUA does not use (the reward is the process scorer's; every state is collected)
+    reward_scale: float = opt(50.0, "not used by pro-cua (CODA's click-distance scale)")
+    judge: list[str] = opt([], "not used by pro-cua (every visited state is collected, successful or not)")
+    threshold: float = opt(0.5, "not used by pro-cua (CODA's judge threshold)")
+    launcher: str | None = opt(None, "not used by pro-cua (its rounds run in one process)")
 
 
 # ------------------------------------------------------------------------------------------ advantages
