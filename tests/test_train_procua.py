@@ -423,7 +423,7 @@ def test_one_round_raises_the_process_reward_on_held_out_states(tmp_path):
         group_size=8,
         states_per_step=4,
         micro_batch=16,
-        max_steps=8,
+        max_steps=16,
         updates_per_batch=3,
         lr=1e-3,
         kl_coef=0.01,
