@@ -5,6 +5,7 @@
     coda eval ...                      run an agent over a task suite (`coda eval compare A B` diffs two runs)
     coda train METHOD ...              train (methods: coda_agent.train.METHODS)
     coda judge calibrate ...           the VLM judge against the checks of stored episodes
+    coda prm calibrate ...             the VLM process reward model against exact replays of states
     coda import-scienceboard SRC OUT   ScienceBoard's task files as coda task files
     coda data states|show ...          state datasets (oracle replays, run folders) for step-level training
     coda serve ENV_ID --port N         serve an env as an OpenEnv environment (the openenv extra)
@@ -258,6 +259,22 @@ def _main(argv: list[str]) -> int:
         if argv[1:2] != ["calibrate"]:
             j.error("the judge command is: coda judge calibrate --runs RUN [RUN ...] --judge PATH_OR_URL")
         return main_calibrate(j.parse_args(argv[2:]))
+    if argv[:1] == ["prm"]:
+        from .train.procua import add_calibrate_arguments as add_prm_arguments
+        from .train.procua import main_calibrate as prm_calibrate
+
+        q = _parser(
+            "coda prm calibrate",
+            "Score candidate steps at stored states with a VLM process reward model and with the exact "
+            "replay scorer (PRO-CUA); compare them: agreement, precision, recall, per app.",
+        )
+        add_prm_arguments(q)
+        if argv[1:2] != ["calibrate"]:
+            q.error("the prm command is: coda prm calibrate --data STATES... --prm PATH_OR_URL")
+        try:
+            return prm_calibrate(q.parse_args(argv[2:]))
+        except user_errors as e:
+            return _fail("prm calibrate", e)
     if argv[:1] == ["data"]:
         from .states import add_arguments as add_data_arguments
 
@@ -309,6 +326,7 @@ def _main(argv: list[str]) -> int:
         )
     )
     sub.add_parser("judge", help="coda judge calibrate: the VLM judge against stored episodes' checks")
+    sub.add_parser("prm", help="coda prm calibrate: the VLM process reward model against exact replays")
     sub.add_parser("import-scienceboard", help="convert ScienceBoard's task files into coda task files")
     sub.add_parser("data", help="coda data states|show: state datasets for step-level training")
     sub.add_parser("serve", help="coda serve ENV_ID --port N: an env as an OpenEnv environment (WebSocket)")

@@ -16,7 +16,7 @@ import types
 import typing
 from pathlib import Path
 
-from . import coda, coepg, grpo, sft
+from . import coda, coepg, grpo, procua, sft
 from .common import Method
 
 METHODS: dict[str, Method] = {
@@ -24,6 +24,7 @@ METHODS: dict[str, Method] = {
     for m in (
         coda.METHOD,  # stage 1 as published: step-level decoupled GRPO over state datasets (TRL)
         coepg.METHOD,  # Co-EPG: GRPO under C-DREM (grounding ensemble) + grounding SFT, iterated
+        procua.METHOD,  # PRO-CUA: step-level GRPO with process rewards for the policy's own live states
         grpo.METHOD,  # stage 1, episodic: decoupled GRPO on the planner over whole episodes
         sft.METHOD,  # stage 2: generalist SFT on successful trajectories
     )

@@ -346,13 +346,13 @@ def build_trainer(
     progress: bool = True,
     extra_log: dict | None = None,
     extra_rewards: Sequence = (),
-    rewards: Sequence | None = None,
+    reward_funcs: Sequence | None = None,
 ):
     """The trl.GRPOTrainer of a run (not started): the planner (cfg.planner, or `model`: a model object), the
     states (cfg.data, or `train_states`), the reward through the executor (cfg.executor, or `executor`), LoRA
     (cfg.lora_r > 0) or full weights, our metrics callback. `extra_rewards` are added to the reward (TRL sums
-    reward functions; benchmarks use it). `rewards` replaces the executor's reward (another step-level method's
-    own reward, e.g. Co-EPG's C-DREM; then no executor is built)."""
+    reward functions; benchmarks use it). `reward_funcs` replace the executor's reward (another step-level
+    method's own: Co-EPG's C-DREM, PRO-CUA's process reward; then no executor is built here)."""
     from trl import GRPOTrainer
 
     from .steplevel import ImageTextProcessor, PromptTransform, RunLogCallback, load_states
@@ -381,7 +381,7 @@ def build_trainer(
     if processor is None:
         processor = ImageTextProcessor.from_checkpoint(cfg.planner)
     screen = tuple(train_states.select_columns(["screen"])[0]["screen"]) or (1280, 800)
-    if executor is None and rewards is None:
+    if executor is None and reward_funcs is None:
         executor = make_executor(cfg, app, screen)
     transform = PromptTransform(cfg.history_images)
     for ds in (train_states, eval_states):  # a prompt the states cannot give fails now, in one line
@@ -405,7 +405,10 @@ def build_trainer(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = GRPOTrainer(
         model=model if model is not None else cfg.planner,
-        reward_funcs=[*(rewards or [ExecutorReward(executor, cfg.reward_scale)]), *extra_rewards],
+        reward_funcs=[
+            *(reward_funcs if reward_funcs is not None else [ExecutorReward(executor, cfg.reward_scale)]),
+            *extra_rewards,
+        ],
         args=args,
         train_dataset=train_states.with_transform(transform),
         eval_dataset=eval_states.with_transform(transform) if eval_states is not None else None,

@@ -559,7 +559,7 @@ def train_grpo(
     reward = CDREMReward(pool, priors)
     train = step_data(train)
     trainer = build_trainer(
-        cfg, out, train_states=train, eval_states=held, progress=progress, extra_log=extra_log, rewards=[reward]
+        cfg, out, train_states=train, eval_states=held, progress=progress, extra_log=extra_log, reward_funcs=[reward]
     )
     return run_trainer(trainer, cfg, out, base=cfg.planner, extra_log=extra_log)
 
