@@ -1,10 +1,18 @@
-"""`coda train coda` on one GPU, prepared as one script: 3 GRPO steps of a randomly initialised Qwen2.5-VL with the
+"""`coda train coda` (or `--method co-epg|pro-cua`) on one GPU, prepared as one script: 3 GRPO steps of a randomly initialised Qwen2.5-VL with the
 3B configuration, LoRA, G = 8, over states of a state dataset (the oracle dataset: `coda data states --oracle`).
 Prints seconds per step, generated tokens/s, peak GPU memory, the loss (finite?) and whether the adapter changed.
 
     python benchmarks/gpu_train.py --data runs/states-oracle            # on a GPU machine (no network needed)
     python benchmarks/gpu_train.py --model tiny --device cpu --data ...  # the same path, tiny model, on a CPU
     python benchmarks/gpu_train.py --dry-run                             # the settings, nothing loaded
+    python benchmarks/gpu_train.py --method co-epg --data ...            # Co-EPG's C-DREM reward instead
+    python benchmarks/gpu_train.py --method pro-cua --data ...           # PRO-CUA's VLM PRM reward instead
+
+`--method` picks the step-level method's reward (the trainer is the same): `coda`, the executor's action scored
+against the label; `co-epg`, C-DREM over one grounding model (a second random model of the same configuration,
+greedy, with its coordinate tokens' log-probs); `pro-cua`, a VLM process reward model (a second random model
+of the same configuration) scoring the executor's action for each plan. The second model is saved to a
+temporary folder and loaded as a user's checkpoint would be, so its generation cost is in the step time.
 
 No weights can be downloaded, so the model is built from Qwen2.5-VL-3B-Instruct's configuration with random
 weights, directly on the GPU in bfloat16, with the byte-level tokenizer of coda_agent.tiny (its special tokens
@@ -97,6 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     p.add_argument("--data", nargs="*", default=[], help="state datasets (coda data states); none: synthetic states")
+    p.add_argument(
+        "--method", choices=("coda", "co-epg", "pro-cua"), default="coda", help="whose step-level reward to train on"
+    )
     p.add_argument("--states", type=int, default=256, help="states in the training set (the data cycled to this)")
     p.add_argument("--steps", type=int, default=3, help="GRPO optimizer steps")
     p.add_argument("--group-size", type=int, default=8, help="plans per state (G)")
@@ -253,6 +264,29 @@ class SyntheticReward:
         return [sum(ids) / max(1, len(ids)) / self.vocab for ids in completion_ids]
 
 
+def method_rewards(args, cfg, states, tmp: Path) -> list | None:
+    """The reward functions of --method (None: CODA's own, which build_trainer makes): the second model (a
+    grounding model or a PRM) is another random model of --model's configuration, saved as a checkpoint."""
+    if args.method == "coda":
+        return None
+    model, processor = build_model(args.model, args.device, tmp / "reward-tok")
+    path = tmp / "reward-model"
+    model.save_pretrained(path)
+    processor.tokenizer.save_pretrained(path)
+    processor.image_processor.save_pretrained(path)
+    del model
+    if args.method == "co-epg":
+        from coda_agent.train.coepg import CDREMReward, TransformersGrounder
+
+        return [CDREMReward([TransformersGrounder(path, name="grounder", device=args.device)], [2.0])]
+    from coda_agent.train.coda import make_executor
+    from coda_agent.train.procua import VLMPRM, ProcessReward
+
+    row = states[0]
+    screen = tuple(row["screen"]) or (1280, 800)
+    return [ProcessReward(make_executor(cfg, row["app"], screen), VLMPRM(str(path), device=args.device))]
+
+
 def lora_weights(model) -> dict:
     return {n: p.detach().float().clone() for n, p in model.named_parameters() if "lora_" in n and p.requires_grad}
 
@@ -274,6 +308,7 @@ def main(argv=None) -> int:
                 "max_new_tokens": args.max_new_tokens,
                 "lora_r": args.lora_r,
                 "executor": args.executor,
+                "method": args.method,
             }
         )
     )
@@ -298,6 +333,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         model, processor = build_model(args.model, args.device, Path(tmp))
         build_s = time.monotonic() - t0
+        rewards = method_rewards(args, cfg, states, Path(tmp))
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         trainer = build_trainer(
@@ -308,6 +344,7 @@ def main(argv=None) -> int:
             train_states=states,
             progress=False,
             extra_rewards=[SyntheticReward(model.config.get_text_config().vocab_size)],
+            reward_funcs=rewards,
         )
         before = lora_weights(trainer.model)
         t1 = time.monotonic()
@@ -315,6 +352,7 @@ def main(argv=None) -> int:
         train_s = time.monotonic() - t1
         after = lora_weights(trainer.model)
     logs = [r for r in trainer.state.log_history if "step_time" in r]
+    reward_name = {"coda": "action_reward", "co-epg": "cdrem", "pro-cua": "process_reward"}[args.method]
     per_step = args.states_per_step * args.group_size
     step_s = [r["step_time"] for r in logs]
     tokens = [r.get("completions/mean_length", 0.0) * per_step for r in logs]
@@ -331,7 +369,7 @@ def main(argv=None) -> int:
         "loss": losses,
         "loss_finite": all(map(math.isfinite, losses)),
         "adapter_changed": changed,
-        "real_reward_mean": [r.get("rewards/action_reward/mean") for r in logs],
+        "real_reward_mean": [r.get(f"rewards/{reward_name}/mean") for r in logs],
         "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
     }
     print(json.dumps(result))

@@ -456,8 +456,10 @@ def test_gpu_benchmark_arguments(capsys):
         assert "no CUDA device" in capsys.readouterr().err
 
 
-def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path, states_dir, capsys):
-    """The benchmark's whole path (model built from a config, LoRA, TRL, the executor reward plus the
+@pytest.mark.parametrize("method", ["coda", "co-epg", "pro-cua"])
+def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path, states_dir, capsys, method):
+    """The benchmark's whole path (model built from a config, LoRA, TRL, the method's reward (CODA's executor
+    reward; Co-EPG's C-DREM over a second random model; PRO-CUA's VLM PRM, a second random model) plus the
     synthetic one, the adapter check) with the tiny config on the CPU."""
     import importlib.util
 
@@ -488,12 +490,16 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(tmp_path, states_dir, capsy
             "1e-2",
             "--out",
             str(tmp_path / "b"),
+            "--method",
+            method,
         ]
     )
     out = capsys.readouterr().out
     assert rc == 0, out
     result = json.loads(next(x for x in out.splitlines() if x.startswith('{"model_build_s"')))
     assert result["loss_finite"] and result["adapter_changed"] and len(result["seconds_per_step"]) == 2
+    # the method's own reward was computed at every step (a random model's: its value is not the point)
+    assert all(r is not None for r in result["real_reward_mean"]), result
 
 
 # ------------------------------------------------------------------------------------------ the paper's loop
