@@ -16,7 +16,7 @@ import types
 import typing
 from pathlib import Path
 
-from . import coda, grpo, sft
+from . import bepa, coda, grpo, sft
 from .common import Method
 
 METHODS: dict[str, Method] = {
@@ -24,6 +24,7 @@ METHODS: dict[str, Method] = {
     for m in (
         coda.METHOD,  # stage 1 as published: step-level decoupled GRPO over state datasets (TRL)
         grpo.METHOD,  # stage 1, episodic: decoupled GRPO on the planner over whole episodes
+        bepa.METHOD,  # episodic GRPO + expert trajectories: LEVEL-1 re-rolls, LEVEL-2 per-task cache
         sft.METHOD,  # stage 2: generalist SFT on successful trajectories
     )
 }
