@@ -148,10 +148,13 @@ def test_hints_in_each_format():
     assert h.matches("Thought: go\nAction: Click at (500, 751) then type '17*23' and press enter")
     assert not h.matches("Thought: go\nAction: Click at (500, 750), type '17*23', press enter")
     assert not h.matches("no format at all")
-    assert h.splice("Thought: I see the console.\nAction: something") == f"Thought: I see the console.\nAction: {words}"
+    assert (
+        h.splice(["garbage", "Thought: I see the console.\nAction: something"])
+        == f"Thought: I see the console.\nAction: {words}"
+    )
     ans = Hint.make("planner", "ANS 391", screen, (392, 252))
     assert ans.matches("Thought: x\nAction: ANS 391") and not ans.matches("Thought: x\nAction: ANS 392")
-    assert ans.splice("garbage") == "Thought: I follow the next step.\nAction: ANS 391"
+    assert ans.splice(["garbage"]) == "Thought: I follow the next step.\nAction: ANS 391"
     # UI-TARS: its grammar, points in the resized image's pixels; what the grammar cannot say is None
     assert uitars_text(act, (392, 252), screen) == (
         "click(start_box='(153,237)')\n\ntype(content='17*23')\n\nhotkey(key='enter')"
@@ -160,7 +163,7 @@ def test_hints_in_each_format():
     assert u.matches("Thought: ok\nAction: " + uitars_text(act, (392, 252), screen))
     assert not u.matches("Thought: ok\nAction: click(start_box='(10,10)')")
     assert uitars_text("ANS 391", (392, 252), screen) is None
-    assert Hint.make("policy", "ANS 391", screen, (392, 252)).splice("x") is None  # unreachable: re-roll fails
+    assert Hint.make("policy", "ANS 391", screen, (392, 252)).splice(["x"]) is None  # unreachable: re-roll fails
     conv = [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "Step 1."}]}]
     hinted = with_hint(conv, "Hint: h")
     assert hinted[1]["content"][-1] == {"type": "text", "text": "Hint: h"} and len(conv[1]["content"]) == 1
@@ -316,7 +319,7 @@ def bepa_vs_grpo(tiny_dir, tmp_path_factory):
     finally:
         env.close()
     finetune(
-        SFTConfig(out=str(tmp / "warm"), epochs=80, lr=5e-3, micro_batch=6, lora_r=0),
+        SFTConfig(out=str(tmp / "warm"), epochs=50, lr=5e-3, micro_batch=6, lora_r=0),
         TransformersVLM(tiny_dir),
         warm,
         progress=False,
@@ -339,15 +342,15 @@ def bepa_vs_grpo(tiny_dir, tmp_path_factory):
         max_new_tokens=24,
         executor_max_new_tokens=8,
         executor_tries=1,
-        lr=2e-3,
+        lr=5e-3,
         kl_coef=0.01,
         lora_r=8,
         lora_alpha=16,
-        micro_batch=9,
-        epochs=3,
+        micro_batch=10,
+        epochs=4,
         seed=0,
     )
-    iters = 5
+    iters = 6
     bcfg = BEPAConfig(out=str(tmp / "bepa"), iterations=iters, experts=["oracle", str(tmp / "experts")], **common)
     bh = train(bcfg, TransformersVLM(tmp / "warm" / "planner"), executor, progress=False)
     l1_steps = bh[0]["level1_env_steps"]
@@ -374,7 +377,7 @@ def bepa_vs_grpo(tiny_dir, tmp_path_factory):
     )
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_bepa_beats_plain_grpo_where_groups_all_fail(bepa_vs_grpo):
     r = bepa_vs_grpo
     bh, gh = r["bepa"], r["grpo"]

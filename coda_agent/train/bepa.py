@@ -43,7 +43,7 @@ import random
 import re
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -317,13 +317,18 @@ class Hint:
             return False
         return _same_actions(got, self.action, self.screen)
 
-    def splice(self, text: str) -> str | None:
-        """The policy's own thought with the expert's action in its format (None: the format cannot say it)."""
+    def splice(self, texts: Sequence[str]) -> str | None:
+        """The policy's own thought (from the first of its sampled answers that has one) with the expert's
+        action in its format (None: the format cannot say it)."""
         if self.answer is None:
             return None
-        m = re.search(r"Thought:\s*(.*?)\s*(?:\nAction:|$)", text or "", re.DOTALL)
-        thought = (m.group(1).strip() if m else "") or "I follow the next step."
-        return f"Thought: {thought}\nAction: {self.answer}"
+        thought = ""
+        for text in texts:
+            m = re.search(r"Thought:\s*(.*?)\s*(?:\nAction:|$)", text or "", re.DOTALL)
+            if m and m.group(1).strip():
+                thought = m.group(1).strip()
+                break
+        return f"Thought: {thought or 'I follow the next step.'}\nAction: {self.answer}"
 
 
 def with_hint(conv: list, hint: str) -> list:
@@ -374,7 +379,7 @@ class HintedModel:
                 self.stats["matched"] += 1
                 out.append(got)
                 continue
-            text = hint.splice(gens[-1].text) if self.do_splice else None
+            text = hint.splice([g.text for g in gens]) if self.do_splice else None
             if text is None:
                 self.stats["unmatched"] += 1
                 out.append(gens[-1])
@@ -460,8 +465,10 @@ class TaskCache:
         return sum(len(v) for v in self.entries.values())
 
     def save(self, path: Path, step: int) -> None:
+        """Plain data (dicts, lists, arrays), written to a temporary file and renamed."""
         tmp = path.with_suffix(".tmp")
-        torch.save({"step": step, "size": self.size, "entries": self.entries}, tmp)
+        entries = {t: [asdict(x) for x in v] for t, v in self.entries.items()}
+        torch.save({"step": step, "size": self.size, "entries": entries}, tmp)
         tmp.rename(path)
 
     @classmethod
@@ -470,7 +477,7 @@ class TaskCache:
         cache = cls(size)
         for task, trajs in state["entries"].items():
             for t in reversed(trajs):  # oldest first, so the newest ends in front
-                cache.add(t)
+                cache.add(CachedTrajectory(**{**t, "samples": [Sample(**s) for s in t["samples"]]}))
         return cache
 
 
