@@ -111,7 +111,7 @@ def warm_planner(a, tiny: Path, out: Path) -> Path:
                 )
     finally:
         env.close()
-    cfg = SFTConfig(out=str(out), epochs=80, lr=5e-3, micro_batch=len(warm), lora_r=0, resume=False)
+    cfg = SFTConfig(out=str(out), epochs=50, lr=5e-3, micro_batch=len(warm), lora_r=0, resume=False)
     finetune(cfg, TransformersVLM(tiny), warm, progress=False)
     return out / "planner"
 
@@ -141,8 +141,8 @@ def run_episodic(a, name, method, start: str, executor: str, out: Path) -> list[
                 lora_r=8,
                 lora_alpha=16,
                 kl_coef=0.01,
-                micro_batch=16,
-                epochs=3,
+                micro_batch=10,
+                epochs=4,
                 seed=a.seed,
                 resume=True,
             ),
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
     p.add_argument("--eval-episodes", type=int, default=4, help="live eval episodes per task per round")
     p.add_argument("--num-envs", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--planner", help="starting planner checkpoint (default: a tiny one, warmed up)")
     p.add_argument("--executor", help="executor checkpoint (default: a tiny one)")

@@ -77,6 +77,7 @@ from .common import (
 from .grpo import GRPOConfig, group_advantages
 
 MIX_RULES = ("all-fail", "always", "never")
+_THOUGHT = re.compile(r"Thought:\s*(\S.*?)\s*(?:\nAction:|$)", re.DOTALL)  # a non-empty thought
 POINT_TOLERANCE = 10  # screen pixels within which a UI-TARS point reproduces the expert's point
 
 
@@ -322,12 +323,7 @@ class Hint:
         action in its format (None: the format cannot say it)."""
         if self.answer is None:
             return None
-        thought = ""
-        for text in texts:
-            m = re.search(r"Thought:\s*(.*?)\s*(?:\nAction:|$)", text or "", re.DOTALL)
-            if m and m.group(1).strip():
-                thought = m.group(1).strip()
-                break
+        thought = next((m.group(1).strip() for t in texts if (m := _THOUGHT.search(t or ""))), "")
         return f"Thought: {thought or 'I follow the next step.'}\nAction: {self.answer}"
 
 
@@ -379,7 +375,10 @@ class HintedModel:
                 self.stats["matched"] += 1
                 out.append(got)
                 continue
-            text = hint.splice([g.text for g in gens]) if self.do_splice else None
+            texts = [g.text for g in gens]
+            if self.do_splice and not any(_THOUGHT.search(t or "") for t in texts):
+                texts += [g.text for g in self.vlm.generate([conv], params)]  # its thought without the hint
+            text = hint.splice(texts) if self.do_splice else None
             if text is None:
                 self.stats["unmatched"] += 1
                 out.append(gens[-1])
