@@ -102,6 +102,8 @@ def test_clipped_ratio_on_small_tensors():
     w = clipped_weight(new, beh, ratio_clip=2.0)
     assert torch.allclose(w, torch.tensor([[1.0, 2.0, math.exp(-2.5)]]))  # e^1 > 2: clipped to C
     assert not w.requires_grad
+    floor = clipped_weight(new, beh, ratio_clip=2.0, ratio_floor=0.5)
+    assert torch.allclose(floor, torch.tensor([[1.0, 2.0, 0.5]]))  # e^-2.5 < 0.5: raised to the floor
     # the loss: on-policy rows are GRPO's exactly; off-policy rows are -w A per token, gradient -w A / N
     old = torch.zeros(2, 3)
     new2 = torch.tensor([[0.1, 0.5, -0.5], [0.0, -1.0, -3.0]], requires_grad=True)

@@ -24,7 +24,9 @@ group whose task has a cached entry; "never" is plain GRPO (the cache still fill
 group-relative over the G+1 members as in grpo.py, so the cached success gets A > 0 and the failures A < 0.
 Loss per token t of a sample with advantage A (n: new log-prob, o: rollout policy's, b: behaviour's):
     on-policy   ratio_t = exp(n_t - o_t),  L_t = -min(ratio_t A, clip(ratio_t, 1 - eps, 1 + eps) A)
-    off-policy  w_t = min(exp(n_t - b_t), C)  held constant (truncated importance sampling, C = --ratio-clip),
+    off-policy  w_t = clip(exp(n_t - b_t), F, C)  held constant (truncated importance sampling; C = --ratio-clip,
+                F = --ratio-floor: a token of the expert's that failed answers share, pushed down by their negative
+                advantages, keeps at least weight F instead of fading out),
                 L_t = -w_t A exp(n_t - sg(n_t))      (value -w_t A; gradient -w_t A grad n_t)
     plus beta * k3-KL to the reference on every token, summed and divided by the batch's token count.
 The cache update (`TaskCache.add`): every successful on-policy episode goes in front of its task's entries
@@ -109,6 +111,11 @@ class BEPAConfig(GRPOConfig):
     )
     ratio_clip: float = opt(
         2.0, "LEVEL-2: upper clip C of an off-policy member's per-token importance ratio pi_new / pi_behaviour"
+    )
+    ratio_floor: float = opt(
+        0.5,
+        "LEVEL-2: lower clip of that ratio (0: none); keeps the expert's tokens that the policy moved away "
+        "from (a prefix shared with failed answers) from losing their weight",
     )
 
 
@@ -528,9 +535,11 @@ def mix_groups(
 
 
 # ------------------------------------------------------------------------------------------ the maths
-def clipped_weight(new_lp: torch.Tensor, behaviour_lp: torch.Tensor, ratio_clip: float) -> torch.Tensor:
-    """Per-token importance ratio pi_new / pi_behaviour, clipped above at C and held constant (no gradient)."""
-    return torch.clamp(torch.exp(new_lp.detach() - behaviour_lp), max=ratio_clip)
+def clipped_weight(
+    new_lp: torch.Tensor, behaviour_lp: torch.Tensor, ratio_clip: float, ratio_floor: float = 0.0
+) -> torch.Tensor:
+    """Per-token importance ratio pi_new / pi_behaviour, clipped to [floor, C] and held constant (no gradient)."""
+    return torch.clamp(torch.exp(new_lp.detach() - behaviour_lp), min=ratio_floor, max=ratio_clip)
 
 
 def bepa_loss(
@@ -545,6 +554,7 @@ def bepa_loss(
     ratio_clip: float,
     kl_coef: float,
     n_tokens: int,
+    ratio_floor: float = 0.0,
 ) -> tuple[torch.Tensor, dict]:
     """Per-token log-probs [B, T], off-policy flags [B], advantages [B] -> (loss, stats): GRPO's clipped
     objective on on-policy rows, truncated importance sampling on off-policy rows (see the module's text)."""
@@ -552,7 +562,7 @@ def bepa_loss(
     a = adv.unsqueeze(1)
     ratio = torch.exp(new_lp - old_lp)
     on_tok = -torch.min(ratio * a, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * a)
-    w = clipped_weight(new_lp, behaviour_lp, ratio_clip)
+    w = clipped_weight(new_lp, behaviour_lp, ratio_clip, ratio_floor)
     off_tok = -w * a * torch.exp(new_lp - new_lp.detach())
     offm = off.unsqueeze(1).expand_as(new_lp)
     per_token = torch.where(offm, off_tok, on_tok)
@@ -634,7 +644,18 @@ def train_batch(
         a = torch.tensor([x for _, x, _ in ch], device=lp.device)
         o = torch.tensor([x for _, _, x in ch], dtype=torch.bool, device=lp.device)
         return bepa_loss(
-            lp, old[k], beh[k], o, ref[k] if ref else None, a, m, cfg.clip_eps, cfg.ratio_clip, cfg.kl_coef, n_tokens
+            lp,
+            old[k],
+            beh[k],
+            o,
+            ref[k] if ref else None,
+            a,
+            m,
+            cfg.clip_eps,
+            cfg.ratio_clip,
+            cfg.kl_coef,
+            n_tokens,
+            cfg.ratio_floor,
         )
 
     model.train()
@@ -714,8 +735,8 @@ def train(
     out/rollouts/iter_NNNN; the trained model in out/planner (out/policy for uitars)."""
     if cfg.mix not in MIX_RULES:
         raise ValueError(f"--mix must be one of {', '.join(MIX_RULES)}, not {cfg.mix!r}")
-    if cfg.cache_size < 1 or cfg.ratio_clip <= 0:
-        raise ValueError("--cache-size must be >= 1 and --ratio-clip > 0")
+    if cfg.cache_size < 1 or cfg.ratio_clip <= 0 or not 0 <= cfg.ratio_floor <= cfg.ratio_clip:
+        raise ValueError("--cache-size must be >= 1, --ratio-clip > 0 and 0 <= --ratio-floor <= --ratio-clip")
     out = Path(cfg.out)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
