@@ -116,6 +116,20 @@ def warm_planner(a, tiny: Path, out: Path) -> Path:
     return out / "planner"
 
 
+def episode_steps(run: Path, lo: int, hi: int, first: bool) -> int:
+    """Env steps an episodic run spent in iterations lo..hi-1 (its rollouts' episodes.jsonl), plus, in the first
+    round, those of any episodes it ran before iterating (BEPA's LEVEL-1 re-rolls in level1/)."""
+    paths = [run / "rollouts" / f"iter_{i:04d}" / "episodes.jsonl" for i in range(lo, hi)]
+    if first:
+        paths += [p.parent for p in run.glob("*/episodes.jsonl") if p.parent.name != "rollouts"]
+        paths = [p if p.name == "episodes.jsonl" else p / "episodes.jsonl" for p in paths]
+    total = 0
+    for p in paths:
+        if p.exists():
+            total += sum(json.loads(x).get("steps", 0) for x in p.read_text().splitlines() if x.strip())
+    return total
+
+
 def run_episodic(a, name, method, start: str, executor: str, out: Path) -> list[dict]:
     per_iter = a.group_size * len(a.tasks) * a.steps  # an upper bound of an iteration's env steps
     k = max(1, a.budget // per_iter)
@@ -148,9 +162,9 @@ def run_episodic(a, name, method, start: str, executor: str, out: Path) -> list[
             ),
         )
         t0 = time.monotonic()
-        hist = method.run(cfg, False)
+        method.run(cfg, False)
         train_s = time.monotonic() - t0
-        steps = sum(h.get("env_steps", 0) for h in hist) + (hist[0].get("level1_env_steps", 0) if r == 0 else 0)
+        steps = episode_steps(out / "train", r * k, (r + 1) * k, first=r == 0)
         role = "policy" if getattr(cfg, "agent", "coda") == "uitars" else "planner"
         rate, _ = live_success(a, str(out / "train" / role), executor, out / f"eval_{r:02d}")
         rows.append({"round": r, "success": rate, "train_env_steps": steps, "train_s": round(train_s, 1)})

@@ -1,6 +1,6 @@
 """BEPA (coda_agent.train.bepa): fast tests of the cache, the mixing rules, the clipped ratio, LEVEL-1's keep rule,
 the hints and the expert files (marker `fast`: no X server; the loop test uses tiny real transformers models and
-the FAKE env of tests/fakes.py), then the learning test: tiny real Qwen2.5-VL planner on real KAlgebra answer
+the FAKE env of tests/fakes.py), then the learning test (marker `slow`): tiny real Qwen2.5-VL planner on real KAlgebra answer
 tasks where plain episodic GRPO sees only all-fail groups."""
 
 from __future__ import annotations
@@ -379,6 +379,7 @@ def bepa_vs_grpo(tiny_dir, tmp_path_factory):
     )
 
 
+@pytest.mark.slow  # 10-16 min on this 2-core machine (warm-up, 2 x 6-7 iterations of real episodes, 3 evals)
 @pytest.mark.timeout(2400)
 def test_bepa_beats_plain_grpo_where_groups_all_fail(bepa_vs_grpo):
     r = bepa_vs_grpo
