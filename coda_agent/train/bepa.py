@@ -840,11 +840,8 @@ def summary(cfg: BEPAConfig, history: list[dict]) -> str:
         for h in history
     ]
     if history:
-        lines.append(
-            "LEVEL-1 keep rate: "
-            + (", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in history[0].items() if k.startswith("level1_keep")))
-            or "none"
-        )
+        rates = [f"{k.split('/', 1)[1]} {v:.2f}" for k, v in history[0].items() if k.startswith("level1_keep")]
+        lines.append("LEVEL-1 keep rate: " + (", ".join(rates) or "no expert trajectory"))
     role = agent_factory(cfg.agent)[1]
     lines.append(f"trained model: {Path(cfg.out) / role}")
     return "\n".join(lines)
