@@ -313,7 +313,7 @@ def test_train_help_lists_methods_and_every_flag_with_its_default(capsys):
         main(["train", "--help"])
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert set(METHODS) == {"coda", "grpo", "sft"}
+    assert {"coda", "grpo", "sft"} <= set(METHODS)
     for m in METHODS.values():
         assert m.name in text and " ".join(m.help.split()) in text
     for m in METHODS.values():

@@ -16,7 +16,7 @@ import types
 import typing
 from pathlib import Path
 
-from . import coda, coepg, grpo, procua, sft
+from . import bepa, coda, coepg, grpo, procua, sft
 from .common import Method
 
 METHODS: dict[str, Method] = {
@@ -26,6 +26,7 @@ METHODS: dict[str, Method] = {
         coepg.METHOD,  # Co-EPG: GRPO under C-DREM (grounding ensemble) + grounding SFT, iterated
         procua.METHOD,  # PRO-CUA: step-level GRPO with process rewards for the policy's own live states
         grpo.METHOD,  # stage 1, episodic: decoupled GRPO on the planner over whole episodes
+        bepa.METHOD,  # episodic GRPO + expert trajectories: LEVEL-1 re-rolls, LEVEL-2 per-task cache
         sft.METHOD,  # stage 2: generalist SFT on successful trajectories
     )
 }
