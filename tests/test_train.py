@@ -323,7 +323,11 @@ def test_train_help_lists_methods_and_every_flag_with_its_default(capsys):
         for f in dataclasses.fields(m.config):
             assert f"--{f.name.replace('_', '-')}" in text
             assert f.metadata.get("help"), f"{m.name}.{f.name} has no help text"
-        assert "(default: check)" in text if m.name == "sft" else "(default: 8)" in text
+        defaults = {f.name: f.default for f in dataclasses.fields(m.config)}
+        if "group_size" in defaults:  # each method's own G (CODA 8, Co-EPG the paper's 7) is shown
+            assert f"(default: {defaults['group_size']})" in text
+        else:
+            assert "(default: check)" in text  # sft's example filter
         assert "--config FILE.json" in text
 
 
