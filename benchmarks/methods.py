@@ -181,6 +181,7 @@ def run_loop(a, name, method, start: str, executor: str, out: Path) -> list[dict
             tasks=a.tasks,
             planner=start,
             executor=executor,
+            grounder=executor,  # Co-EPG's own grounding model: the same tiny UI-TARS-style model
             out=str(out / "train"),
             rounds=a.rounds,
             episodes=episodes,
