@@ -9,7 +9,7 @@ Which methods run is read from METHODS, by the settings their configs have, so a
              collect -> train loop for --rounds rounds with `budget // (tasks x steps)` live episodes per task
              per round; each round's planner is read from its records
   skipped    anything else (sft: stage 2 learns from run folders, not from an env), with the reason
-Issue 25's methods (co-epg, pro-cua) are reported as missing while METHODS lacks them.
+A method the issues name that METHODS lacks is reported as missing.
 
 Every round's planner is evaluated the same way: `coda eval` (coda_agent.eval.run_eval) of --eval-episodes
 episodes per task, at temperature 1, the same seed. Round -1 is the starting planner, shared by all methods.
@@ -207,11 +207,9 @@ def run_loop(a, name, method, start: str, executor: str, out: Path) -> list[dict
     rows = []
     for h in hist:
         r = h["round"]
-        steps = sum(
-            json.loads(x).get("steps", 0)
-            for x in (out / "train" / f"round_{r:02d}" / "eval" / "episodes.jsonl").read_text().splitlines()
-            if x.strip()
-        )
+        rd = out / "train" / f"round_{r:02d}"  # the round's live run: `eval` (coda, co-epg), `collect` (pro-cua)
+        live = next((rd / d / "episodes.jsonl" for d in ("eval", "collect") if (rd / d / "episodes.jsonl").exists()))
+        steps = sum(json.loads(x).get("steps", 0) for x in live.read_text().splitlines() if x.strip())
         rate, _ = live_success(a, h["planner"], executor, out / f"eval_{r:02d}")
         rows.append({"round": r, "success": rate, "train_env_steps": steps, "train_s": round(train_s, 1)})
         print(f"  {name} round {r}: live success {rate:.2f}, {steps} live env steps collected, ~{train_s:.0f} s")
