@@ -187,6 +187,15 @@ class TeXstudio(A11yAdapter):
         # the structure panel lists the document (it fills in after the editor; until then the screen changes)
         if want.endswith(".tex") and not any(n.role == "tree item" and n.name == want for n in tree.walk()):
             return False
+        # the status bar shows its buttons (language, encoding): TeXstudio shows them a moment after the rest,
+        # and a reset that returned before would differ from one that returned after (seen beside a busy env)
+        bar = next(iter(tree.find("status bar")), None)
+        buttons = [n for n in bar.walk() if n.role == "push button" and n.name] if bar is not None else []
+        try:
+            if not buttons or not all("showing" in self._client(desktop).states(b) for b in buttons):
+                return False
+        except A11yError:
+            return False
         # and the window has the keyboard (openbox focuses it once mapped): keys sent before would be lost.
         # Beside another app's window (a multi-app task) the focus is that app's to take: not waited for.
         if any(w.wm_class != self.wm_class for w in desktop.windows()):
