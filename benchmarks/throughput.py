@@ -135,36 +135,54 @@ def make_envs(mode: str, n: int, tasks: list[str]) -> gym.vector.VectorEnv:
     )
 
 
+def replay(
+    envs, tasks: list[str], seconds: float, solutions: dict[str, list[str]], on_step=None, on_start=None
+) -> dict:
+    """Oracle replay on a NEXT_STEP-autoreset vector env for `seconds` (the first reset not counted: `on_start()`
+    runs after it); `on_step(i, infos, was_reset)` sees every env's result of every step. Steps, episodes, wall."""
+    n = envs.num_envs
+    envs.set_attr("next_task", [tasks[i % len(tasks)] for i in range(n)])
+    _, infos = envs.reset(seed=0)
+    current = [infos["task"][i] for i in range(n)]
+    k = [0] * n
+    autoreset = np.zeros(n, dtype=bool)
+    steps = episodes = 0
+    if on_start is not None:
+        on_start()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        actions = []
+        for i in range(n):
+            sol = solutions[current[i]]
+            actions.append("WAIT" if autoreset[i] else (sol[k[i]] if k[i] < len(sol) else "DONE"))
+            k[i] += 0 if autoreset[i] else 1
+        _, _, term, trunc, infos = envs.step(tuple(actions))
+        for i in range(n):
+            if on_step is not None:
+                on_step(i, infos, bool(autoreset[i]))
+            if autoreset[i]:  # this step was env i's reset: its new task
+                current[i], k[i] = infos["task"][i], 0
+            else:
+                steps += 1
+        done = np.logical_or(term, trunc) & ~autoreset
+        episodes += int(done.sum())
+        autoreset = np.logical_or(term, trunc)
+    return {"steps": steps, "episodes": episodes, "wall": time.monotonic() - t0}
+
+
 def throughput(mode: str, n: int, tasks: list[str], seconds: float, solutions: dict[str, list[str]]) -> dict:
     """Steps/s and episodes/s over `seconds` of oracle replay (the first reset not counted)."""
     envs = make_envs(mode, n, tasks)
     try:
-        envs.set_attr("next_task", [tasks[i % len(tasks)] for i in range(n)])
-        _, infos = envs.reset(seed=0)
-        current = [infos["task"][i] for i in range(n)]
-        k = [0] * n
-        autoreset = np.zeros(n, dtype=bool)
-        steps = episodes = 0
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            actions = []
-            for i in range(n):
-                sol = solutions[current[i]]
-                actions.append("WAIT" if autoreset[i] else (sol[k[i]] if k[i] < len(sol) else "DONE"))
-                k[i] += 0 if autoreset[i] else 1
-            _, _, term, trunc, infos = envs.step(tuple(actions))
-            for i in range(n):
-                if autoreset[i]:  # this step was env i's reset: its new task
-                    current[i], k[i] = infos["task"][i], 0
-                else:
-                    steps += 1
-            done = np.logical_or(term, trunc) & ~autoreset
-            episodes += int(done.sum())
-            autoreset = np.logical_or(term, trunc)
-        wall = time.monotonic() - t0
+        r = replay(envs, tasks, seconds, solutions)
     finally:
         envs.close()
-    return {"steps_per_s": steps / wall, "episodes_per_s": episodes / wall, "steps": steps, "episodes": episodes}
+    return {
+        "steps_per_s": r["steps"] / r["wall"],
+        "episodes_per_s": r["episodes"] / r["wall"],
+        "steps": r["steps"],
+        "episodes": r["episodes"],
+    }
 
 
 # ------------------------------------------------------------------------------------------ profile
@@ -197,44 +215,25 @@ def profile(n: int, tasks: list[str], seconds: float, solutions: dict[str, list[
         swap_reset=swap,
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
     )
-    phases = [dict.fromkeys([f"reset.{p}" for p in RESET_PHASES] + [f"step.{p}" for p in STEP_PHASES], 0.0)]
-    phases = [dict(phases[0]) for _ in range(n)]
+    phases = [
+        dict.fromkeys([f"reset.{p}" for p in RESET_PHASES] + [f"step.{p}" for p in STEP_PHASES], 0.0) for _ in range(n)
+    ]
     busy = [0.0] * n
+
+    def account(i: int, infos: dict, was_reset: bool) -> None:
+        t = unbatch_info(infos, i).get("timings") or {}
+        kind, names = ("reset", RESET_PHASES) if was_reset else ("step", STEP_PHASES)
+        for p in names:
+            phases[i][f"{kind}.{p}"] += t.get(p, 0.0)
+        busy[i] += t.get("reset", 0.0) if was_reset else sum(t.get(p, 0.0) for p in STEP_PHASES)
+
+    before: list[tuple[int, int]] = []
     try:
-        envs.set_attr("next_task", [tasks[i % len(tasks)] for i in range(n)])
-        _, infos = envs.reset(seed=0)
-        current = [infos["task"][i] for i in range(n)]
-        k = [0] * n
-        autoreset = np.zeros(n, dtype=bool)
-        steps = episodes = 0
-        before = core_ticks()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            actions = []
-            for i in range(n):
-                sol = solutions[current[i]]
-                actions.append("WAIT" if autoreset[i] else (sol[k[i]] if k[i] < len(sol) else "DONE"))
-                k[i] += 0 if autoreset[i] else 1
-            _, _, term, trunc, infos = envs.step(tuple(actions))
-            for i in range(n):
-                t = unbatch_info(infos, i).get("timings") or {}
-                if autoreset[i]:  # this step was env i's reset
-                    current[i], k[i] = infos["task"][i], 0
-                    for p in RESET_PHASES:
-                        phases[i][f"reset.{p}"] += t.get(p, 0.0)
-                    busy[i] += t.get("reset", 0.0)
-                else:
-                    steps += 1
-                    for p in STEP_PHASES:
-                        phases[i][f"step.{p}"] += t.get(p, 0.0)
-                    busy[i] += sum(t.get(p, 0.0) for p in STEP_PHASES)
-            done = np.logical_or(term, trunc) & ~autoreset
-            episodes += int(done.sum())
-            autoreset = np.logical_or(term, trunc)
-        wall = time.monotonic() - t0
+        r = replay(envs, tasks, seconds, solutions, account, on_start=lambda: before.extend(core_ticks()))
         after = core_ticks()
     finally:
         envs.close()
+    steps, episodes, wall = r["steps"], r["episodes"], r["wall"]
     cores = [(b1 - b0) / max(1, t1 - t0_) for (b0, t0_), (b1, t1) in zip(before, after)]
     per_episode = {p: sum(ph[p] for ph in phases) / max(1, episodes) for p in phases[0]}
     return {

@@ -712,9 +712,8 @@ def _launch(launcher: str, cfg: CodaConfig) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the command
-def run(cfg: CodaConfig, progress: bool = True) -> list[dict]:
-    if cfg.rounds > 0:
-        return run_rounds(cfg, progress)
+def resolve_app(cfg: CodaConfig) -> None:
+    """cfg.app from --env's app where an env is given (a different --app is an error); step-level methods share it."""
     if cfg.env:
         from .common import probe_env
 
@@ -722,6 +721,12 @@ def run(cfg: CodaConfig, progress: bool = True) -> list[dict]:
         if cfg.app and cfg.app != env_app:
             raise ValueError(f"--app {cfg.app} but --env {cfg.env} is {env_app}")
         cfg.app = env_app
+
+
+def run(cfg: CodaConfig, progress: bool = True) -> list[dict]:
+    if cfg.rounds > 0:
+        return run_rounds(cfg, progress)
+    resolve_app(cfg)
     return [train_once(cfg, progress=progress)]
 
 

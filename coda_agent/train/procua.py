@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from .coda import CodaConfig, make_executor, run_trainer
+from .coda import CodaConfig, make_executor, resolve_app, run_trainer
 from .common import Method, opt, write_config
 
 # ------------------------------------------------------------------------------------------ settings
@@ -850,13 +850,7 @@ def run(cfg: ProcuaConfig, progress: bool = True) -> list[dict]:
         )
     if cfg.rounds > 0:
         return run_rounds(cfg, progress)
-    if cfg.env:
-        from .common import probe_env
-
-        env_app = probe_env(cfg.env).app
-        if cfg.app and cfg.app != env_app:
-            raise ValueError(f"--app {cfg.app} but --env {cfg.env} is {env_app}")
-        cfg.app = env_app
+    resolve_app(cfg)
     return [train_once(cfg, progress=progress)]
 
 
