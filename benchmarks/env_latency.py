@@ -54,15 +54,18 @@ def bench(
     task = task if task in env.tasks else next(iter(env.tasks))
     env.reset(seed=0, options={"task": task})
     first = time.monotonic() - t0
-    resets, launches = [], []
+    resets, launches, parts = [], [], {"swap": [], "setup": [], "settle": []}
     for i in range(resets_n):
         if swap:  # an episode of one step and an agent that thinks `think` s (a model call) before the reset
+            env.upcoming_task = task  # the next task announced, as coda eval's runner announces it
             env.step("WAIT")
             time.sleep(think)
         t = time.monotonic()
         env.reset(seed=i, options={"task": task})
         resets.append(time.monotonic() - t)
         launches.append(env.timings["launch"])
+        for k in parts:
+            parts[k].append(env.timings.get(k, 0.0))
 
     rng = random.Random(0)
     steps, settles = [], []
@@ -91,6 +94,12 @@ def bench(
     print(
         f"  reset   p50 {pct(resets, 50):.3f} s   p95 {pct(resets, 95):.3f} s   (launch p50 {statistics.median(launches):.3f} s, n={len(resets)})"
     )
+    if swap:
+        print(
+            "          of which p50: "
+            + ", ".join(f"{k} {statistics.median(v):.3f} s" for k, v in parts.items())
+            + " (swap: waiting for the spare's preparation; setup: the task's operations left to apply)"
+        )
     print(
         f"  step    p50 {pct(steps, 50) * ms:.0f} ms   p95 {pct(steps, 95) * ms:.0f} ms   (settle p50 {statistics.median(settles) * ms:.0f} ms, n={len(steps)})"
     )

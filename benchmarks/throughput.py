@@ -9,8 +9,12 @@ env in this process: this process's CPU plus that of every process carrying the 
 window manager, D-Bus, AT-SPI, the app) plus reaped children, from /proc and getrusage.
 `--profile` instead says where an episode's time goes with 1, 2 and 4 async envs, with and without swap
 resets: per phase (reset: swap wait, desktop, app launch, setup operations, settle; step: action, settle,
-screenshot, checks), each env's busy and idle share of the wall time, and each core's busy share (/proc/stat).
-Usage: python benchmarks/throughput.py [--seconds 20] [--num-envs 1 2 4] [--modes sync async ray] [--profile]
+screenshot, checks), each env's busy and idle share of the wall time, and each core's busy share (/proc/stat),
+for envs stepped in lockstep (gymnasium's vector env) and as a pool (coda_env.pool.EnvPool, no env waiting
+for another; `--runners`). `--eval` instead times `coda eval --agent oracle` on the whole KAlgebra suite with
+each --num-envs, side by side in one run, pool and lockstep.
+Usage: python benchmarks/throughput.py [--seconds 20] [--num-envs 1 2 4] [--modes sync async ray]
+       [--profile [--runners lockstep pool] [--swap off on]] [--eval]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import resource
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -139,7 +144,9 @@ def replay(
     envs, tasks: list[str], seconds: float, solutions: dict[str, list[str]], on_step=None, on_start=None
 ) -> dict:
     """Oracle replay on a NEXT_STEP-autoreset vector env for `seconds` (the first reset not counted: `on_start()`
-    runs after it); `on_step(i, infos, was_reset)` sees every env's result of every step. Steps, episodes, wall."""
+    runs after it); `on_step(i, info, was_reset)` sees every env's result of every step. Steps, episodes, wall."""
+    from coda_agent.rollout import unbatch_info
+
     n = envs.num_envs
     envs.set_attr("next_task", [tasks[i % len(tasks)] for i in range(n)])
     _, infos = envs.reset(seed=0)
@@ -159,7 +166,7 @@ def replay(
         _, _, term, trunc, infos = envs.step(tuple(actions))
         for i in range(n):
             if on_step is not None:
-                on_step(i, infos, bool(autoreset[i]))
+                on_step(i, unbatch_info(infos, i), bool(autoreset[i]))
             if autoreset[i]:  # this step was env i's reset: its new task
                 current[i], k[i] = infos["task"][i], 0
             else:
@@ -167,6 +174,50 @@ def replay(
         done = np.logical_or(term, trunc) & ~autoreset
         episodes += int(done.sum())
         autoreset = np.logical_or(term, trunc)
+    return {"steps": steps, "episodes": episodes, "wall": time.monotonic() - t0}
+
+
+def pool_replay(
+    pool, tasks: list[str], seconds: float, solutions: dict[str, list[str]], on_step=None, on_start=None
+) -> dict:
+    """`replay` on an EnvPool (coda_env.pool): each env is sent its next action, or its next reset, as soon
+    as it answers, without waiting for the others. The same tasks: each env's first is named, later ones
+    are the env's own seeded draws (as a vector env's autoreset draws them)."""
+    n = pool.num_envs
+    for i in range(n):
+        pool.send_reset(i, seed=i, options={"task": tasks[i % len(tasks)]})
+    first = []
+    while len(first) < n:
+        first += pool.recv()
+    current, k = [""] * n, [0] * n
+    steps = episodes = 0
+    if on_start is not None:
+        on_start()
+    t0 = time.monotonic()
+
+    def act(i: int) -> None:
+        sol = solutions[current[i]]
+        pool.send_step(i, sol[k[i]] if k[i] < len(sol) else "DONE")
+        k[i] += 1
+
+    for r in first:
+        current[r.env] = r.info["task"]
+        act(r.env)
+    while time.monotonic() - t0 < seconds:
+        for r in pool.recv(timeout=max(0.0, seconds - (time.monotonic() - t0))):
+            i = r.env
+            if on_step is not None:
+                on_step(i, r.info, r.kind == "reset")
+            if r.kind == "reset":
+                current[i], k[i] = r.info["task"], 0
+                act(i)
+                continue
+            steps += 1
+            if r.terminated or r.truncated:
+                episodes += 1
+                pool.send_reset(i)
+            else:
+                act(i)
     return {"steps": steps, "episodes": episodes, "wall": time.monotonic() - t0}
 
 
@@ -202,26 +253,34 @@ def core_ticks() -> list[tuple[int, int]]:
     return out
 
 
-def profile(n: int, tasks: list[str], seconds: float, solutions: dict[str, list[str]], swap: bool) -> dict:
-    """Oracle replay on n async envs for `seconds`; where each env's time went, from the env's own timings."""
-    from coda_agent.rollout import unbatch_info
+def profile(
+    n: int, tasks: list[str], seconds: float, solutions: dict[str, list[str]], swap: bool, runner: str = "lockstep"
+) -> dict:
+    """Oracle replay on n envs for `seconds`, stepped in lockstep (gymnasium's vector env: async for n > 1)
+    or as a `pool` (coda_env.pool.EnvPool: no env waits for another); where each env's time went, from the
+    env's own timings."""
+    from coda_env.pool import EnvPool
 
-    envs = gym.make_vec(
-        ENV,
-        num_envs=n,
-        vectorization_mode="async" if n > 1 else "sync",
-        tasks=tasks,
-        info_timings=True,
-        swap_reset=swap,
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
-    )
+    kwargs = {"tasks": tasks, "info_timings": True, "swap_reset": swap}
+    if runner == "pool":
+        envs = EnvPool(ENV, n, **kwargs)
+        run = pool_replay
+    else:
+        envs = gym.make_vec(
+            ENV,
+            num_envs=n,
+            vectorization_mode="async" if n > 1 else "sync",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP},
+            **kwargs,
+        )
+        run = replay
     phases = [
         dict.fromkeys([f"reset.{p}" for p in RESET_PHASES] + [f"step.{p}" for p in STEP_PHASES], 0.0) for _ in range(n)
     ]
     busy = [0.0] * n
 
-    def account(i: int, infos: dict, was_reset: bool) -> None:
-        t = unbatch_info(infos, i).get("timings") or {}
+    def account(i: int, info: dict, was_reset: bool) -> None:
+        t = info.get("timings") or {}
         kind, names = ("reset", RESET_PHASES) if was_reset else ("step", STEP_PHASES)
         for p in names:
             phases[i][f"{kind}.{p}"] += t.get(p, 0.0)
@@ -229,7 +288,7 @@ def profile(n: int, tasks: list[str], seconds: float, solutions: dict[str, list[
 
     before: list[tuple[int, int]] = []
     try:
-        r = replay(envs, tasks, seconds, solutions, account, on_start=lambda: before.extend(core_ticks()))
+        r = run(envs, tasks, seconds, solutions, account, on_start=lambda: before.extend(core_ticks()))
         after = core_ticks()
     finally:
         envs.close()
@@ -248,29 +307,57 @@ def profile(n: int, tasks: list[str], seconds: float, solutions: dict[str, list[
 
 def print_profile(a: argparse.Namespace, solutions: dict[str, list[str]]) -> None:
     rows = []
-    for swap in (False, True):
-        base = None
-        for n in a.num_envs:
-            r = profile(n, a.tasks, a.seconds, solutions, swap)
-            base = base or r["episodes_per_s"]
-            rows.append((swap, n, r, r["episodes_per_s"] / base))
-            print(
-                f"swap={'on ' if swap else 'off'} envs={n}: {r['episodes_per_s']:.3f} episodes/s "
-                f"({r['episodes_per_s'] / base:.2f}x), {r['episodes']} episodes, {r['steps']} steps; env busy "
-                f"{' '.join(f'{b:.0%}' for b in r['env_busy'])} (idle the rest); cores busy "
-                f"{' '.join(f'{c:.0%}' for c in r['cores'])}",
-                flush=True,
-            )
-    names = list(rows[0][2]["per_episode"])
+    for runner in a.runners:
+        for swap in [{"off": False, "on": True}[x] for x in a.swap]:
+            base = None
+            for n in a.num_envs:
+                r = profile(n, a.tasks, a.seconds, solutions, swap, runner)
+                base = base or r["episodes_per_s"]
+                rows.append((runner, swap, n, r))
+                print(
+                    f"{runner:<8} swap={'on ' if swap else 'off'} envs={n}: {r['episodes_per_s']:.3f} episodes/s "
+                    f"({r['episodes_per_s'] / base:.2f}x), {r['episodes']} episodes, {r['steps']} steps; env busy "
+                    f"{' '.join(f'{b:.0%}' for b in r['env_busy'])} (idle the rest); cores busy "
+                    f"{' '.join(f'{c:.0%}' for c in r['cores'])}",
+                    flush=True,
+                )
+    names = list(rows[0][3]["per_episode"])
     print("\nseconds per episode, summed over its reset and steps, by phase (from the envs' own timings):")
-    print(f"{'phase':<18}" + "".join(f"{('swap ' if s else '') + str(n) + ' env':>12}" for s, n, _, _ in rows))
+    label = {"lockstep": "lock", "pool": "pool"}
+    print(f"{'phase':<18}" + "".join(f"{label[u] + (' swap ' if s else ' ') + str(n):>13}" for u, s, n, _ in rows))
     for p in names:
-        print(f"{p:<18}" + "".join(f"{r['per_episode'][p]:>12.3f}" for _, _, r, _ in rows))
+        print(f"{p:<18}" + "".join(f"{r['per_episode'][p]:>13.3f}" for *_, r in rows))
     print(
         f"{'wall/episode':<18}"
-        + "".join(f"{r['steps'] and len(r['env_busy']) / r['episodes_per_s']:>12.3f}" for _, _, r, _ in rows)
+        + "".join(f"{len(r['env_busy']) / max(r['episodes_per_s'], 1e-9):>13.3f}" for *_, r in rows)
     )
     print("(wall/episode is per env: n envs / episodes per second; what the phases leave of it is idle time)")
+
+
+def eval_suite(a: argparse.Namespace) -> None:
+    """`coda eval --agent oracle` on the whole KAlgebra suite with each --num-envs, side by side in this run:
+    episodes/s of each, as a pool (coda eval's default) and in lockstep (`--lockstep`); one env is the same
+    either way (in-process) and is the baseline."""
+    import tempfile
+
+    from coda_agent.eval import run_eval
+    from coda_agent.policy import OracleAgent
+
+    print(f"\n`coda eval --agent oracle` on {ENV}'s whole suite, one run folder per configuration:")
+    one = None
+    configs = [(1, "one env")] * (1 in a.num_envs) + [(n, u) for u in a.runners for n in a.num_envs if n > 1]
+    for n, runner in configs:
+        with tempfile.TemporaryDirectory() as tmp:
+            t = time.monotonic()
+            s = run_eval(ENV, OracleAgent(), Path(tmp), num_envs=n, progress=False, lockstep=runner == "lockstep")
+            wall = time.monotonic() - t
+        eps = s["overall"]["n"] / wall
+        one = one or eps
+        print(
+            f"  {runner:<8} envs={n}: {s['overall']['success']}/{s['overall']['n']} solved in {wall:.1f} s = "
+            f"{eps:.3f} episodes/s ({eps / one:.2f}x the first row)",
+            flush=True,
+        )
 
 
 # ------------------------------------------------------------------------------------------ estimate
@@ -322,12 +409,21 @@ def main() -> None:
     ap.add_argument("--memory-headroom", type=float, default=1.5)
     ap.add_argument("--env-mem-mb", type=float, help="memory per env instead of the measured PSS (e.g. a VM's)")
     ap.add_argument("--profile", action="store_true", help="where an episode's time goes (see the docstring)")
+    ap.add_argument("--runners", nargs="+", default=["lockstep", "pool"], choices=["lockstep", "pool"])
+    ap.add_argument("--swap", nargs="+", default=["off", "on"], choices=["off", "on"], help="--profile: swap resets")
+    ap.add_argument(
+        "--eval", action="store_true", help="`coda eval --agent oracle` on the whole suite per --num-envs and runner"
+    )
     a = ap.parse_args()
 
     probe = CodaEnv("kalgebra", tasks=a.tasks)
     solutions = {t: list(probe.tasks[t].solution) for t in a.tasks}
     probe.close()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; tasks {a.tasks}")
+    if a.eval:
+        eval_suite(a)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+        return
     if a.profile:
         print_profile(a, solutions)
         print(f"load average {os.getloadavg()[0]:.1f} at the end")

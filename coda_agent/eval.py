@@ -25,7 +25,7 @@ from coda_env.backends import BACKENDS
 from coda_env.runs import check_config, load_finished, read_jsonl
 
 from .policy import Agent
-from .rollout import RunRecorder, make_vector_env, run_episodes, step_record, unbatch_info  # noqa: F401
+from .rollout import RunRecorder, make_env_pool, make_vector_env, run_episodes, step_record, unbatch_info  # noqa: F401
 
 
 def run_eval(
@@ -40,10 +40,13 @@ def run_eval(
     progress: bool = True,
     config: dict | None = None,
     make_envs=None,
+    lockstep: bool = False,
 ) -> dict:
     """Run `agent` on every task `episodes` times over `num_envs` envs; resume what `out` already holds
     (only when `config`, what made the run, is the same as the one stored there). `make_envs(n)` builds the
-    vector env (default: gymnasium's, `make_vector_env`); any VectorEnv with CodaEnv's `next_task` works."""
+    envs: any VectorEnv with CodaEnv's `next_task`, or an EnvPool. By default, more than one env is an EnvPool
+    (`make_env_pool`: no env waits for another), and with `lockstep` gymnasium's AsyncVectorEnv (every env
+    steps together: the agent's batches are the same on a rerun, so sampling agents reproduce)."""
     from tqdm import tqdm
 
     t_start = time.monotonic()
@@ -92,7 +95,11 @@ def run_eval(
             bar.set_postfix_str(f"successes {successes}")
 
         n = max(1, min(num_envs, len(queue)))
-        envs = make_envs(n) if make_envs is not None else make_vector_env(env_id, n, **env_kwargs)
+        if make_envs is None:
+            make_envs = make_vector_env if n == 1 or lockstep else make_env_pool
+            envs = make_envs(env_id, n, **env_kwargs)
+        else:
+            envs = make_envs(n)
         try:
             run_episodes(envs, agent, tasks, queue, recorder.start, on_step, on_end, seed=seed)
         finally:
@@ -318,7 +325,18 @@ def add_arguments(p) -> None:
         help="a folder of your own task files, added to the app's (repeatable; also CODA_TASKS_PATH)",
     )
     p.add_argument("--episodes", type=int, default=1, help="episodes per task (k of pass@k)")
-    p.add_argument("--num-envs", type=int, default=1, help="envs run in parallel (a gymnasium AsyncVectorEnv)")
+    p.add_argument(
+        "--num-envs",
+        type=int,
+        default=1,
+        help="envs run in parallel, each in its own process, none waiting for another",
+    )
+    p.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="step the envs together (gymnasium's AsyncVectorEnv): slower, but a sampling agent's batches, "
+        "and so its samples, are the same on a rerun",
+    )
     p.add_argument("--planner", help="planner checkpoint directory or http(s):// OpenAI-compatible endpoint")
     p.add_argument(
         "--executor",
@@ -416,6 +434,7 @@ def main_eval(args) -> int:
         env_kwargs,
         progress=not args.quiet,
         config=config,
+        lockstep=args.lockstep,
     )
     print_table(summary, out)
     return 0

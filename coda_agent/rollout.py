@@ -30,6 +30,7 @@ __all__ = [
     "RunRecorder",
     "Sample",
     "collect_groups",
+    "make_env_pool",
     "make_vector_env",
     "run_episodes",
     "step_record",
@@ -120,8 +121,17 @@ OnStep = Callable[[int, "AgentStep", np.ndarray, float, dict, float], None]  # s
 OnEnd = Callable[[int, float, dict], None]  # slot, final reward, final info
 
 
+def make_env_pool(env_id: str, num_envs: int, **env_kwargs):
+    """N envs stepped independently (coda_env.pool.EnvPool: each env in its own process, none waits for the
+    others), with SetupFailure as `make_vector_env` has it; `coda eval`'s default."""
+    from coda_env.pool import EnvPool
+    from coda_env.wrappers import SetupFailure
+
+    return EnvPool(env_id, num_envs, wrappers=[SetupFailure], **env_kwargs)
+
+
 def run_episodes(
-    envs: gym.vector.VectorEnv,
+    envs,
     agent: Agent,
     tasks: dict,
     queue: Sequence[tuple[str, int]],
@@ -134,10 +144,15 @@ def run_episodes(
     reused across calls) and each env gets its next task as soon as it finishes one. A reset whose set-up
     failed (info["setup_error"], from coda_env.wrappers.SetupFailure) is an episode that starts and ends
     there: on_start, then on_end with reward 0 and info["error"]; the env's next step ends it and the step
-    after resets the env to its next task."""
+    after resets the env to its next task. `envs` may also be an EnvPool (`make_env_pool`), whose envs do not
+    wait for each other: see `_run_pool`."""
     queue = list(queue)
     if not queue:
         return
+    from coda_env.pool import EnvPool
+
+    if isinstance(envs, EnvPool):
+        return _run_pool(envs, agent, tasks, queue, on_start, on_step, on_end, seed)
     n = envs.num_envs
     pending: list[tuple[str, int] | None] = [queue.pop(0) if queue else None for _ in range(n)]
     envs.set_attr("next_task", [p[0] if p else None for p in pending])
@@ -194,6 +209,76 @@ def run_episodes(
         if autoreset.any():
             # NEXT_STEP autoreset: those envs reset on the next step; tell each which task is next
             envs.set_attr("next_task", [pending[i][0] if autoreset[i] and pending[i] else None for i in range(n)])
+
+
+def _run_pool(pool, agent, tasks, queue, on_start, on_step, on_end, seed) -> None:
+    """`run_episodes` on an EnvPool: whenever envs answer, the agent acts on those that are ready (one batched
+    call) and each is sent its action at once, while the others go on. As in the lockstep loop, each env's
+    next task is reserved when it starts one (its `upcoming_task`, for swap resets); an env that finds the
+    queue empty takes the task another env reserved but has not started. Env i's first reset gets
+    seed + i (as a vector env seeds its envs), later ones none."""
+    n = min(pool.num_envs, len(queue))
+    current: dict[int, tuple[str, int]] = {}  # env -> the (task, episode) it runs
+    pending: dict[int, tuple[str, int] | None] = {}  # env -> the (task, episode) it runs next
+    acting: dict[int, tuple[AgentStep, float]] = {}  # env -> the step it was sent, and the agent's seconds
+
+    def start(i: int, first: bool = False) -> bool:
+        nxt = pending.pop(i, None)
+        if nxt is None and not queue:  # take a task another env reserved and has not started
+            j = next((j for j, p in pending.items() if p is not None), None)
+            if j is not None:
+                nxt, pending[j] = pending[j], None
+        if nxt is None and queue:
+            nxt = queue.pop(0)
+        if nxt is None:
+            return False
+        current[i] = nxt
+        pending[i] = queue.pop(0) if queue else None
+        s = None if seed is None or not first else seed + i
+        pool.send_reset(i, seed=s, options={"task": nxt[0]}, upcoming=pending[i][0] if pending[i] else None)
+        return True
+
+    for i in range(n):
+        start(i, first=True)
+    while pool.busy:
+        ready = []
+        for r in pool.recv():
+            i = r.env
+            tid, ep = current[i]
+            if r.kind == "reset":
+                if r.info.get("task") != tid:
+                    raise RuntimeError(f"env {i} reset to task {r.info.get('task')!r}, expected {tid!r}")
+                on_start(i, tasks[tid], ep, r.obs["screenshot"])
+                if r.info.get("setup_error"):
+                    on_end(
+                        i,
+                        0.0,
+                        {
+                            "task": tid,
+                            "success": False,
+                            "checks": [],
+                            "error": f"set-up failed: {r.info['setup_error']}",
+                        },
+                    )
+                    start(i)
+                    continue
+                agent.reset(i, tasks[tid])
+                ready.append((i, r.obs))
+            else:
+                st, agent_s = acting.pop(i)
+                on_step(i, st, r.obs["screenshot"], r.reward, r.info, agent_s)
+                if r.terminated or r.truncated:
+                    on_end(i, r.reward, r.info)
+                    start(i)
+                else:
+                    ready.append((i, r.obs))
+        if ready:
+            t0 = time.monotonic()
+            steps = agent.act(ready)
+            agent_s = (time.monotonic() - t0) / len(ready)
+            for (i, _), st in zip(ready, steps):
+                acting[i] = (st, agent_s)
+                pool.send_step(i, st.action)
 
 
 @dataclass

@@ -159,7 +159,15 @@ class TeXstudio(A11yAdapter):
 
     def _alive(self) -> None:
         if self._proc is not None and self._proc.poll() is not None:
-            raise AppError(f"texstudio is not running (exit code {self._proc.returncode})")
+            raise AppError(f"texstudio is not running (exit code {self._proc.returncode}){self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        """The end of TeXstudio's own output, to say why it exited (the home goes with the next reset)."""
+        try:
+            text = (Path(self.home) / "texstudio.log").read_bytes()[-600:].decode("utf-8", "replace").strip()
+        except (OSError, TypeError):
+            return ""
+        return f"; its output ends: {text!r}" if text else ""
 
     def ready(self, desktop: Desktop) -> bool:
         """The main window is mapped and titled with the file shown last (TeXstudio shows the last file it
