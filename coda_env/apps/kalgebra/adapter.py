@@ -221,6 +221,9 @@ class KAlgebra(A11yAdapter):
         if not ext or ext[2] <= 0:
             raise AppError(f"KAlgebra widget {node.role} {node.name!r} is not on screen")
         desktop.input(Action("click", x=ext[0] + ext[2] // 2, y=ext[1] + ext[3] // 2))
+        # and away: an agent's first click on the same widget would otherwise come within Qt's double-click
+        # interval of this one and be taken as a double click (the 2D tab's "Add" page then ignored it)
+        desktop.input(Action("move", x=0, y=desktop.height - 1))
 
     def run_op(self, desktop: Desktop, op: dict[str, Any]) -> None:
         """One of KAlgebra's own setup operations (registered below)."""
