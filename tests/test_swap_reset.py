@@ -152,3 +152,36 @@ def test_check_env_passes_with_swap_resets():
         check_env(env, skip_render_check=True)
     finally:
         env.close()
+
+
+@pytest.mark.parametrize(
+    "app,task",
+    [("grass", "ans_big_towns"), ("texstudio", "add_author_date")],
+)
+def test_a_swapped_start_is_the_start_of_a_plain_reset(app, task):
+    """GRASS and TeXstudio (KAlgebra: check_env above): the first observation of a swapped-in episode, its
+    next task announced as coda eval's runner announces it, is the one an ordinary reset of the same task and
+    seed gives, screen and instruction."""
+    import numpy as np
+
+    from coda_env.registry import APPS
+
+    if APPS[app].available() is not None:
+        pytest.skip(str(APPS[app].available()))
+    plain = CodaEnv(app=app)
+    try:
+        want, _ = plain.reset(seed=5, options={"task": task})
+    finally:
+        plain.close()
+    env = CodaEnv(app=app, swap_reset=True)
+    try:
+        env.reset(seed=1, options={"task": task})
+        env.upcoming_task = task
+        env.step("WAIT")
+        got, _ = env.reset(seed=5, options={"task": task})
+        assert _swapped(env) and env._spare.error is None
+    finally:
+        env.close()
+    assert got["instruction"] == want["instruction"]
+    diff = np.argwhere(np.any(got["screenshot"] != want["screenshot"], axis=2))
+    assert diff.size == 0, f"the swapped start differs from a plain one in box {diff.min(0)}-{diff.max(0)}"

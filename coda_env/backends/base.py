@@ -6,6 +6,8 @@ the desktop only through this protocol, so the same app adapter and task run on 
 
 from __future__ import annotations
 
+import os
+
 import errno
 import signal
 import subprocess
@@ -100,6 +102,25 @@ class Desktop(Protocol):
 
 SNAPSHOTS = "snapshots"
 A11Y = "a11y"
+
+
+# where a sealed app finds the desktop's links of fixed name: inside its own private /tmp, so the same path on
+# every desktop (the desktop's folder itself has a random name, which an app that shows a path would show)
+SHOWN_LINKS = "/tmp/coda"
+
+
+def stable_path(desktop: "Desktop", name: str, target: str) -> str:
+    """The path an app is given for `target` (a folder in a fresh per-reset home) so that what it shows of the
+    path is the same on every reset and every desktop: a link of fixed `name` in the desktop's folder, seen by
+    a sealed app at SHOWN_LINKS/<name> (`shown_links` of a desktop that has them), else at the link itself.
+    `target` itself where the desktop has no folder or the link cannot be made."""
+    tmp = desktop.tmpdir
+    if not tmp:
+        return target
+    link = os.path.join(tmp, name)
+    if desktop.run(["ln", "-sfn", "--", str(target), link], timeout=10).returncode != 0:
+        return target
+    return os.path.join(SHOWN_LINKS, name) if getattr(desktop, "shown_links", False) else link
 
 
 def make_temp_dir(prefix: str, parent: str | None = None, what: str = "a temporary folder") -> str:

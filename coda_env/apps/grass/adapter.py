@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ...backends.base import Desktop
+from ...backends.base import Desktop, stable_path
 from ...registry import AppError
 from . import data
 
@@ -167,15 +167,9 @@ class Grass:
     @staticmethod
     def _stable_root(desktop: Desktop, home: str) -> str:
         """home as GRASS is given it. The Data Catalog shows the database's full path, and home is a fresh
-        random folder per reset; through a link of fixed name in the desktop's own folder (which goes with
-        the desktop) the screen is the same for every reset of one task (gymnasium's check_env)."""
-        tmp = desktop.tmpdir
-        if not tmp:
-            return home
-        link = os.path.join(tmp, "grass-home")
-        if desktop.run(["ln", "-sfn", "--", str(home), link], timeout=10).returncode != 0:
-            return home
-        return link
+        random folder per reset: through a link of fixed name the screen is the same for every reset of one
+        task, on every desktop (gymnasium's check_env; a swap reset's second desktop)."""
+        return stable_path(desktop, "grass-home", home)
 
     def close(self) -> None:
         self._disconnect()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...a11y import A11yAdapter, A11yError, Node
-from ...backends.base import Desktop
+from ...backends.base import Desktop, stable_path
 from ...registry import AppError, LaunchContext
 
 WORKDIR = "atelier"  # the task files' folder inside home (ScienceBoard's /home/user/atelier)
@@ -143,15 +143,14 @@ class TeXstudio(A11yAdapter):
         """The files as TeXstudio is given them. Its title bar shows the file's full path, and home is a fresh
         random folder per reset; through a link of fixed name in the desktop's own folder (which goes with the
         desktop) the title, and so the screen, is the same for every reset of one task."""
-        tmp = desktop.tmpdir
         self.shown_root = None
-        if not tmp or not self.files:
+        if not self.files:
+            return []
+        root = stable_path(desktop, "texstudio-home", str(home))
+        if root == str(home):
             return list(self.files)
-        link = os.path.join(tmp, "texstudio-home")
-        if desktop.run(["ln", "-sfn", "--", str(home), link], timeout=10).returncode != 0:
-            return list(self.files)
-        self.shown_root = link
-        return [os.path.join(link, os.path.relpath(f, home)) for f in self.files]
+        self.shown_root = root
+        return [os.path.join(root, os.path.relpath(f, home)) for f in self.files]
 
     def _shown(self, path: str) -> str:
         root = self.shown_root

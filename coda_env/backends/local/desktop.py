@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from ...actions import ActionError
-from ..base import DesktopError, Window, make_temp_dir
+from ..base import SHOWN_LINKS, DesktopError, Window, make_temp_dir
 from . import sandbox as sb
 from .deadline import _Deadline, _xcb_socket
 from .processes import TOKEN_VAR, _cleanup, _proc_state, token_pids
@@ -111,6 +111,11 @@ class LocalDesktop(XInput):
 
     capabilities = frozenset({"a11y"})
     app_timeout = 30.0
+
+    @property
+    def shown_links(self) -> bool:
+        """Whether its sealed apps see the desktop's links of fixed name at SHOWN_LINKS (base.stable_path)."""
+        return self.sandbox.enabled
 
     def __init__(self, config: LocalConfig | None = None):
         self.config = config or LocalConfig()
@@ -571,6 +576,7 @@ class LocalDesktop(XInput):
                     target = os.readlink(entry.path)
                     if any(target == w or target.startswith(w + os.sep) for w in writable):
                         links[entry.path] = target
+                        links[os.path.join(SHOWN_LINKS, entry.name)] = target  # the same path on every desktop
         ro = [self.x_socket(), *self.bus_sockets()]
         wrapped = sb.wrap_argv(argv, self.sandbox, writable=writable, ro_binds=ro, env=full, cwd=cwd, links=links)
         return wrapped, {"PATH": sb.SAFE_PATH, TOKEN_VAR: self.token}
