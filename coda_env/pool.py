@@ -253,8 +253,12 @@ class EnvPool:
             if s is None:
                 continue
             try:
+                # an answer still due is read first: a worker blocks sending an observation larger than the
+                # pipe's buffer until it is read, and would never see the "close" behind it
+                if s.asked is not None and s.pipe.poll(30):
+                    s.pipe.recv()
                 s.pipe.send(("close", None))
-            except (BrokenPipeError, OSError):
+            except (EOFError, BrokenPipeError, OSError):
                 pass
         for s in self._slots:
             if s is None:

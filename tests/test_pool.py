@@ -253,3 +253,30 @@ def summary_records(out: Path) -> list[dict]:
     import json
 
     return json.loads((out / "results.json").read_text())["episodes"]
+
+
+@kalgebra
+def test_ctrl_c_ends_a_pooled_coda_eval_at_once_and_leaves_nothing(tmp_path):
+    """Ctrl-C (SIGINT to the process group) during `coda eval --num-envs 2`: the run ends within seconds, exit
+    code 130, no process of it is left (workers included: a worker blocked sending an observation the
+    parent no longer reads must still see its close), and the finished episodes are kept."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "coda_agent.cli", "eval", "--agent", "oracle", "--num-envs", "2"]
+    cmd += ["--out", str(out), "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = out / "episodes.jsonl"
+    try:
+        assert wait_until(lambda: done.exists() and len(done.read_text().splitlines()) >= 3, timeout=120)
+        procs = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=40)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert rc == 130, proc.stderr.read()
+    assert took < 30, f"{took:.1f} s to end after Ctrl-C"
+    assert wait_until(lambda: not _alive(procs), 30), _alive(procs)
+    assert len(done.read_text().splitlines()) >= 3
