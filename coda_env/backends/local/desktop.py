@@ -192,12 +192,13 @@ class LocalDesktop(XInput):
         except BaseException:
             self.stop()
             raise
+        xserver = (self.display, self._procs["xvfb"].pid)  # whose lock and socket are ours to remove
         self._finalizer.detach()
         self._finalizer = weakref.finalize(
-            self, _cleanup, self.token, self._pgids, self._watchdog, self._tmp, self.display, self._deadline
+            self, _cleanup, self.token, self._pgids, self._watchdog, self._tmp, xserver, self._deadline
         )
         if self._watchdog.stdin:
-            self._watchdog.stdin.write(f"{self.display}\n".encode())
+            self._watchdog.stdin.write(f"{xserver[0]} {xserver[1]}\n".encode())
             self._watchdog.stdin.flush()
 
     def _popen(self, name: str, argv: Sequence[str], env: dict[str, str], group: int = 0, **kw) -> subprocess.Popen:
@@ -351,12 +352,17 @@ class LocalDesktop(XInput):
                 argv, self.sandbox, writable=(), ro_binds=[self.x_socket(), str(cfg), str(menu)], env=env, cwd="/"
             )
             env = {"PATH": sb.SAFE_PATH, TOKEN_VAR: self.token}
-        self._popen("wm", argv, env, group=self._pgids[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = Path(self._tmp, "openbox.log")
+        with open(log, "wb") as out:
+            self._popen("wm", argv, env, group=self._pgids[0], stdout=out, stderr=subprocess.STDOUT)
         atom = self._xlib.intern_atom("_NET_SUPPORTING_WM_CHECK")
         root = self._xlib.screen().root
         while root.get_full_property(atom, 0) is None:
-            if time.monotonic() > deadline or self._procs["wm"].poll() is not None:
-                raise DesktopError("the window manager (openbox) did not start")
+            code = self._procs["wm"].poll()
+            if time.monotonic() > deadline or code is not None:
+                said = log.read_bytes()[-400:].decode("utf-8", "replace").strip() if log.exists() else ""
+                how = f"exited with code {code}" if code is not None else "timed out"
+                raise DesktopError(f"the window manager (openbox) did not start ({how}){': ' + said if said else ''}")
             time.sleep(0.005)
 
     def x_socket(self) -> str:

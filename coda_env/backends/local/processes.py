@@ -86,12 +86,30 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def _remove_x_files(display: int, pid: int) -> None:
+    """Remove display N's lock and socket if they are still those of our X server (process `pid`, now dead).
+    Once it is dead, another desktop's Xvfb may take display N at any moment and write its own: those files
+    are not ours (removing them left a new desktop's sealed window manager without its X socket)."""
+    lock = f"/tmp/.X{display}-lock"
+    try:
+        with open(lock) as f:
+            if int(f.read().strip()) != pid:
+                return
+    except (OSError, ValueError):
+        return  # gone already (our server removed it, or another took the display and is writing its own)
+    for p in (lock, f"/tmp/.X11-unix/X{display}"):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
 def _cleanup(
     token: str,
     pgids: list[int],
     watchdog: subprocess.Popen | None,
     tmpdir: str | None,
-    display: int | None,
+    xserver: tuple[int, int] | None,
     deadline: "_Deadline | None" = None,
 ) -> None:
     if deadline is not None:
@@ -100,12 +118,8 @@ def _cleanup(
     if watchdog is not None and watchdog.poll() is None:
         watchdog.kill()
         watchdog.wait()
-    if display is not None:  # a SIGKILLed Xvfb leaves its lock behind
-        for p in (f"/tmp/.X{display}-lock", f"/tmp/.X11-unix/X{display}"):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+    if xserver is not None:  # a SIGKILLed Xvfb leaves its lock and socket behind
+        _remove_x_files(*xserver)
     if tmpdir:
         shutil.rmtree(tmpdir, ignore_errors=True)
 
@@ -119,10 +133,11 @@ def token_pids(token: str) -> list[int]:
 def _watchdog_main(token: str, tmpdir: str) -> None:
     """Block on stdin; when the parent is gone (EOF), kill everything that carries the token and remove the
     desktop's folder."""
-    display = None
-    for line in wait_for_parent_death():
-        if line.strip().isdigit():
-            display = int(line.strip())
+    xserver = None
+    for line in wait_for_parent_death():  # "DISPLAY PID" of our X server once it is up
+        words = line.split()
+        if len(words) == 2 and all(w.isdigit() for w in words):
+            xserver = (int(words[0]), int(words[1]))
     pgids = []
     needle = f"{TOKEN_VAR}={token}".encode()
     for e in os.listdir("/proc"):
@@ -131,4 +146,4 @@ def _watchdog_main(token: str, tmpdir: str) -> None:
                 pgids.append(os.getpgid(int(e)))
             except ProcessLookupError:
                 pass
-    _cleanup(token, sorted(set(pgids)), None, tmpdir, display)
+    _cleanup(token, sorted(set(pgids)), None, tmpdir, xserver)
