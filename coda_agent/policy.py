@@ -90,6 +90,7 @@ class _PlannerAgent:
                         "input": conversation_record(conv),
                         "output": gen.text,
                         "seconds": round(gen.seconds, 3),
+                        **({"tokens": len(gen.token_ids)} if gen.token_ids is not None else {}),
                     }
                 ],
             )
@@ -202,6 +203,7 @@ class UITarsAgent:
                         "input": conversation_record(convs[k]) if a.number == 1 else "(same)",
                         "output": g.text,
                         "seconds": round(g.seconds, 3),
+                        **({"tokens": len(g.token_ids)} if g.token_ids is not None else {}),
                     }
                 )
                 if g.token_ids:

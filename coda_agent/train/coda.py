@@ -475,7 +475,10 @@ def run_trainer(trainer, cfg: CodaConfig, out: Path, base: str | None = None, ex
 
 
 def _throughput(trainer) -> dict:
-    """States/s and generated tokens/s of the training steps (from TRL's own step records)."""
+    """States/s, generated tokens/s and generated tokens of the training steps (from TRL's own step records:
+    with --logging-steps 1 each generating step's record holds the mean completion length of its one
+    generation batch of states-per-step x G completions, EOS included; steps that reuse a batch (--updates-per-
+    batch > 1) hold none)."""
     logs = [r for r in trainer.state.log_history if "step_time" in r]
     if not logs:
         return {}
@@ -485,6 +488,7 @@ def _throughput(trainer) -> dict:
     tokens = sum(r.get("completions/mean_length", 0.0) * per_step for r in logs)
     steps = len(logs)
     return {
+        "generated_tokens": round(tokens),  # the planner's sampled tokens in training (held-out evals not counted)
         "states_per_s": steps * per_step / trainer.num_generations / seconds if seconds else 0.0,
         "generated_tokens_per_s": tokens / seconds if seconds else 0.0,
         "seconds_per_step": seconds / steps,

@@ -726,7 +726,7 @@ def regenerate_plans(
     from ..states import planner_conversation
 
     pairs: list[tuple[dict, str]] = []
-    sampled = passed = 0
+    sampled = passed = tokens = 0
     rows = list(states)
     for path in planners:
         vlm = TransformersVLM(path, device=cfg.device)
@@ -734,13 +734,16 @@ def regenerate_plans(
         for n in range(cfg.sft_plans):
             params.seed = cfg.seed + 1000 * n
             convs = [planner_conversation(r, history_images=cfg.history_images) for r in rows]
-            texts = [g.text for g in vlm.generate(convs, params)]
+            gens = vlm.generate(convs, params)
+            texts = [g.text for g in gens]
             sampled += len(texts)
+            tokens += sum(len(g.token_ids or []) for g in gens)
             rewards, stats = reward.score(rows, texts)
             passed += round(stats["cdrem/gate_pass_rate"] * len(texts))
             pairs += [(r, t) for r, t, x in zip(rows, texts, rewards) if r["point"] and x >= cfg.sft_min_reward]
         del vlm
-    return pairs, {"plans_sampled": sampled, "plans_passed_gate": passed, "plans_successful": len(pairs)}
+    counts = {"plans_sampled": sampled, "plans_passed_gate": passed, "plans_successful": len(pairs)}
+    return pairs, counts | {"plan_tokens": tokens}  # plan_tokens: the tokens the pool generated (EOS included)
 
 
 # ------------------------------------------------------------------------------------------ the iteration
