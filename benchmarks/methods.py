@@ -297,7 +297,7 @@ def run_episodic(a, name, method, start: str, executor: str, out: Path, yardstic
                 executor_max_new_tokens=8,
                 executor_tries=1,
                 lr=a.lr,
-                lora_r=8,
+                lora_r=a.lora_r,
                 lora_alpha=16,
                 kl_coef=0.01,
                 micro_batch=10,
@@ -359,7 +359,7 @@ def run_loop(a, name, method, start: str, executor: str, out: Path, yardstick, t
             executor_max_new_tokens=8,
             executor_tries=1,
             lr=a.lr,
-            lora_r=8,
+            lora_r=a.lora_r,
             lora_alpha=16,
             seed=a.seed,
             save_steps=10_000,
@@ -548,7 +548,14 @@ def main(argv=None) -> int:
     p.add_argument("--eval-episodes", type=int, default=4, help="live eval episodes per task per round")
     p.add_argument("--num-envs", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument(
+        "--lora-r",
+        type=int,
+        default=0,
+        help="LoRA rank of every method's training (0: full weights, as the warm-up and BEPA's learning test: a "
+        "rank-8 adapter moved the tiny planner too slowly to show in a few rounds)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--planner", help="starting planner checkpoint (default: a tiny one, warmed up)")
     p.add_argument("--executor", help="executor checkpoint (default: a tiny one)")
