@@ -311,6 +311,10 @@ class Engine:
         self.desktop.start()
         self.home = tempfile.mkdtemp(prefix="coda-chimerax-test-")
         self.app = ad.ChimeraX(binary=str(ENGINE), gui=False)
+        self.crashes: list[str] = []
+        self.launch()
+
+    def launch(self):
         t0 = time.monotonic()
         self.proc = self.app.launch(LaunchContext(desktop=self.desktop, home=self.home, task=None))
         deadline = time.monotonic() + 90
@@ -320,7 +324,15 @@ class Engine:
         self.ready_s = time.monotonic() - t0
 
     def reset(self):
-        """Back to a fresh session (cheaper than a relaunch; the profile and recorder stay)."""
+        """Back to a fresh session (cheaper than a relaunch; the profile and recorder stay). An engine that
+        died (its Python has segfaulted, rarely, in a session reopen) is relaunched, so the crash fails the
+        one test it happened in, with its cause, not every test after it."""
+        died = self.app.exited_error(self.desktop)
+        if died is not None:
+            self.crashes.append(str(died))
+            self.desktop.kill_group(self.proc)
+            self.app.close()
+            self.launch()
         for cmd in ("close session", "set bgColor black", "lighting default", "graphics silhouettes false"):
             self.app.command(self.desktop, cmd)
         self.app.typed(self.desktop, "log clear")
@@ -844,3 +856,22 @@ def test_a_replaced_inside_py_or_state_file_forges_nothing(engine):
     assert s["models"] and s["models"][0]["name"] == "twohelix.pdb"
     ctx = CheckContext(answer=None, task=None, desktop=d, home=e.home, state=s)
     assert not check_runner("states")({"type": "states", "path": "background.color", "value": "#ffffff"}, ctx)[0]
+
+
+@needs_engine
+def test_a_crashed_engine_is_named_and_the_rig_relaunches_it(engine):
+    """A segfaulted ChimeraX (seen once in a session reopen under load) is reported as such, with the Python
+    stack faulthandler leaves in its log, not as 'connection refused'; the next reset starts a fresh one."""
+    import signal
+
+    engine.reset()
+    engine.proc.send_signal(signal.SIGSEGV)
+    engine.proc.wait(timeout=30)
+    with pytest.raises(AppError, match=r"ChimeraX was killed by signal 11 \(SIGSEGV\).*Fatal Python error") as err:
+        engine.app.state(engine.desktop)
+    assert "Extension modules" not in str(err.value)
+    with pytest.raises(AppError, match="SIGSEGV"):
+        engine.app.command(engine.desktop, "version")
+    engine.reset()
+    assert engine.crashes and "SIGSEGV" in engine.crashes[-1]
+    assert engine.proc.poll() is None and engine.app.state(engine.desktop)["models"] == []

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import urllib.parse
@@ -144,6 +145,9 @@ class ChimeraX:
             "XDG_CACHE_HOME": str(h / ".cache"),
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
+            # a crash (ChimeraX's Python has segfaulted, rarely, reopening a session) leaves its Python stack
+            # in chimerax.log, which the error for a dead ChimeraX quotes
+            "PYTHONFAULTHANDLER": "1",
             # QtWebEngine (the log, help viewer) refuses to run as root without these
             "QTWEBENGINE_DISABLE_SANDBOX": "1",
             "QTWEBENGINE_CHROMIUM_FLAGS": "--no-sandbox --disable-gpu",
@@ -205,14 +209,51 @@ class ChimeraX:
         """Run a command over REST (not logged, as ScienceBoard's harness does); its JSON answer."""
         if self.port is None:
             raise AppError("ChimeraX is not running")
-        return rest_run(desktop, self.port, text, timeout)
+        try:
+            return rest_run(desktop, self.port, text, timeout)
+        except AppError as e:
+            raise self.exited_error(desktop) or e from None
+
+    def exited_error(self, desktop: Desktop) -> AppError | None:
+        """An error naming how ChimeraX died (exit code or signal, its log's tail), or None while it runs:
+        a REST call to a dead ChimeraX otherwise reads as 'connection refused'."""
+        code = self._proc.poll() if self._proc is not None else None
+        if code is None:
+            return None
+        how = f"exited with code {code}"
+        sig = -code if code < 0 else code - 128 if code > 128 else 0  # a sealed app's sandbox exits 128 + signal
+        if sig:
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:
+                name = "?"
+            how = f"was killed by signal {sig} ({name})" if code < 0 else f"{how} (signal {sig}, {name})"
+        return AppError(f"ChimeraX {how}: {self._crash_report(desktop)}")
+
+    def _crash_report(self, desktop: Desktop) -> str:
+        """faulthandler's report in the log (the error and the Python stack, without its long list of
+        extension modules), else the log's tail."""
+        try:
+            text = (
+                desktop.read_file(str(Path(self.home) / "chimerax.log")).decode(errors="replace") if self.home else ""
+            )
+        except OSError:
+            return ""
+        i = text.rfind("Fatal Python error")
+        if i < 0:
+            return text[-800:]
+        report = text[i:].split("\nExtension modules:", 1)[0]
+        return report[:1500]
 
     def typed(self, desktop: Desktop, text: str) -> None:
         """Run a command as the command line does (logged). For tests that replay oracles on the engine."""
         self.command(desktop, "codatype " + text)
 
     def state(self, desktop: Desktop) -> dict[str, Any]:
-        return dump_state(desktop, self.port, self.home)
+        try:
+            return dump_state(desktop, self.port, self.home)
+        except AppError as e:
+            raise self.exited_error(desktop) or e from None
 
     def a11y_text(self, desktop: Desktop) -> str:
         """The GUI's accessible widgets (menus, toolbar, command line) as `role name` lines; the graphics
