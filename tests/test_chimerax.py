@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -681,8 +682,6 @@ def test_gui_check_env():
 @pytest.mark.chimerax
 @needs_gui
 def test_gui_killed_app_truncates_and_reset_recovers(gui_env):
-    import signal
-
     from .conftest import run_solution
 
     gui_env.reset(options={"task": "color_chain_a_red"})
@@ -862,8 +861,6 @@ def test_a_replaced_inside_py_or_state_file_forges_nothing(engine):
 def test_a_crashed_engine_is_named_and_the_rig_relaunches_it(engine):
     """A segfaulted ChimeraX (seen once in a session reopen under load) is reported as such, with the Python
     stack faulthandler leaves in its log, not as 'connection refused'; the next reset starts a fresh one."""
-    import signal
-
     engine.reset()
     engine.proc.send_signal(signal.SIGSEGV)
     engine.proc.wait(timeout=30)

@@ -168,12 +168,15 @@ class ChimeraX:
         self._proc = desktop.spawn(argv, env=env, cwd=home, log=str(h / "chimerax.log"))
         return self._proc
 
-    def _log_tail(self, desktop: Desktop) -> str:
+    def _log(self, desktop: Desktop) -> str:
         try:
             data = desktop.read_file(str(Path(self.home) / "chimerax.log")) if self.home else b""
         except OSError:
             return ""
-        return data.decode(errors="replace")[-800:]
+        return data.decode(errors="replace")
+
+    def _log_tail(self, desktop: Desktop) -> str:
+        return self._log(desktop)[-800:]
 
     def ready(self, desktop: Desktop) -> bool:
         if self._proc is not None and self._proc.poll() is not None:
@@ -233,17 +236,11 @@ class ChimeraX:
     def _crash_report(self, desktop: Desktop) -> str:
         """faulthandler's report in the log (the error and the Python stack, without its long list of
         extension modules), else the log's tail."""
-        try:
-            text = (
-                desktop.read_file(str(Path(self.home) / "chimerax.log")).decode(errors="replace") if self.home else ""
-            )
-        except OSError:
-            return ""
+        text = self._log(desktop)
         i = text.rfind("Fatal Python error")
         if i < 0:
             return text[-800:]
-        report = text[i:].split("\nExtension modules:", 1)[0]
-        return report[:1500]
+        return text[i:].split("\nExtension modules:", 1)[0][:1500]
 
     def typed(self, desktop: Desktop, text: str) -> None:
         """Run a command as the command line does (logged). For tests that replay oracles on the engine."""
