@@ -49,9 +49,9 @@ from coda_env.actions import ActionError, parse_action
 
 from . import prompts
 from .planner import Planner, Turn
+from .steps import DEFAULT_RADIUS, action_type
 from .types import Conversation
 
-DEFAULT_RADIUS = 20.0  # pixels (= coda_agent.train.rewards.DEFAULT_RADIUS)
 BOX_MAX_FRACTION = 1 / 8  # an element larger than this share of the screen is no target box
 _NO_BOX_ROLES = frozenset(
     {"frame", "page tab list", "status bar", "application", "filler", "panel", "layered pane", "scroll pane", "window"}
@@ -117,16 +117,17 @@ def features():
 
 # ------------------------------------------------------------------------------------------ labels
 def split_action(code: str, screen: tuple[int, int] = (1280, 800)) -> list[str]:
-    """An action string -> executor-sized actions, each one canonical step (coda_agent.train.rewards): a
+    """An action string -> executor-sized actions, each one canonical step (coda_agent.steps): a
     pointer action, a drag (moveTo + dragTo), a typed text with the enter that submits it, a key, a scroll,
-    a terminal answer. Sleeps are no step (no executor makes them): they are left out here (`_pieces` keeps
+    a terminal answer. Sleeps are no step (no executor makes them): they are left out here (`executor_steps` keeps
     them for the replay). Raises ActionError when `code` does not parse."""
-    return [label for label, _ in _pieces(code, screen)]
+    return [label for label, _ in executor_steps(code, screen)]
 
 
-def _pieces(code: str, screen: tuple[int, int]) -> list[tuple[str, str]]:
-    """(label, code to perform) per executor-sized step: the code keeps the sleeps around the step (before it;
-    trailing ones after the last step)."""
+def executor_steps(code: str, screen: tuple[int, int]) -> list[tuple[str, str]]:
+    """(label, code to perform) per executor-sized step, as `oracle_states` performs a solution's actions and
+    as a replay rebuilds a state: the code keeps the sleeps around the step (before it; trailing ones after the
+    last step)."""
     acts = parse_action(code, screen)
     groups: list[tuple[list, list]] = []  # (the step's actions, the sleeps before it)
     pending: list = []
@@ -328,7 +329,7 @@ def _replay(env, task, screen, history_images: int, radius: float) -> tuple[list
     pieces: list[tuple[str, str]] = []
     carry = ""  # an action of sleeps only: performed with the next step
     for action in task.solution:
-        got = _pieces(action, screen)
+        got = executor_steps(action, screen)
         if not got:
             carry = f"{carry}\n{action}".strip()
             continue
@@ -648,8 +649,7 @@ def main_states(args) -> int:
 
 
 def counts(ds) -> dict[str, dict[str, int]]:
-    """States per app, action type (coda_agent.train.rewards.action_type of the target) and source."""
-    from .train.rewards import action_type
+    """States per app, action type (coda_agent.steps.action_type of the target) and source."""
 
     out: dict[str, dict[str, int]] = {"app": {}, "action type": {}, "source": {}}
     cols = ds.select_columns(["app", "source", "target", "screen"])

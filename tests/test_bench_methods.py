@@ -184,7 +184,7 @@ def test_the_table_shows_every_figure_per_round_and_the_budgets_used(bench):
 
 @fast
 def test_a_grpo_runs_generated_tokens_come_from_its_generating_steps():
-    from coda_agent.train.coda import _throughput
+    from coda_agent.train.steplevel import throughput as _throughput
 
     # 2 states x 4 plans per step; step 2 reuses step 1's batch (updates per batch 2): no completion lengths
     logs = [
@@ -230,14 +230,11 @@ def test_coepg_counts_the_tokens_of_the_regenerated_plans(monkeypatch):
     import coda_agent.models as models
     import coda_agent.states as states
     from coda_agent.models import Generation
-    from coda_agent.train.coepg import CoEPGConfig, regenerate_plans
+    from coda_agent.train.coepg import CoEPGConfig, verified_plans
 
     lengths = iter([3, 5, 7, 2, 4, 6])
 
     class FakeVLM:  # a fake planner: token ids of known lengths
-        def __init__(self, path, device=None):
-            pass
-
         def generate(self, convs, params):
             return [Generation("Action: Click 'OK'", token_ids=[0] * next(lengths)) for _ in convs]
 
@@ -245,9 +242,9 @@ def test_coepg_counts_the_tokens_of_the_regenerated_plans(monkeypatch):
         def score(self, rows, texts):
             return [1.0] * len(texts), {"cdrem/gate_pass_rate": 1.0}
 
-    monkeypatch.setattr(models, "TransformersVLM", FakeVLM)
+    monkeypatch.setattr(models, "load_model", lambda spec, **kw: FakeVLM())
     monkeypatch.setattr(states, "planner_conversation", lambda r, history_images=2: [])
     rows = [{"point": [1, 2]}, {"point": []}, {"point": [3, 4]}]
-    pairs, counts = regenerate_plans(CoEPGConfig(sft_plans=1), ["p1", "p2"], rows, FakeReward())
+    pairs, counts = verified_plans(CoEPGConfig(sft_plans=1), ["p1", "p2"], rows, FakeReward())
     assert counts["plans_sampled"] == 6 and counts["plan_tokens"] == 3 + 5 + 7 + 2 + 4 + 6
-    assert len(pairs) == 4  # the states with a point, from both planners
+    assert len(pairs) == 6 and counts["plans_verified"] == 6  # every plan of both planners scored 1

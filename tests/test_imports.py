@@ -1,6 +1,8 @@
-"""coda_env's modules import one another without a circle (issue 27): each module's imports, at the top
-and inside functions alike, are read from its source with `ast`, and the graph they make has no cycle. The
-registry, in particular, knows nothing of task loading."""
+"""Both packages' modules import one another without a circle (issues 27, 33): each module's imports, at the
+top and inside functions alike, are read from its source with `ast`, and the graph they make has no cycle. The
+registry, in particular, knows nothing of task loading; coda_env imports nothing of coda_agent; in coda_agent
+nothing imports upward into train/ (the trainers' shared vocabulary lives in coda_agent.steps), and a method
+file imports nothing private from another module."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "coda_env"
+AGENT = PKG.parent / "coda_agent"
 pytestmark = pytest.mark.fast
 
 
-def _module(path: Path) -> str:
+def _module(path: Path) -> str:  # the dotted name of a file in either package
     rel = path.relative_to(PKG.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
@@ -21,8 +24,28 @@ def _module(path: Path) -> str:
     return ".".join(parts)
 
 
-def _graph() -> dict[str, set[str]]:
-    mods = {_module(p): p for p in PKG.rglob("*.py")}
+def _imports(pkg: Path = PKG):
+    """(module, imported module or name, is the name private) for every import of the package's modules."""
+    mods = {_module(p): p for p in pkg.rglob("*.py")}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for a in node.names:
+                    yield mod, target, a.name
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    yield mod, a.name, None
+
+
+def _graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    mods = {_module(p): p for p in pkg.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
@@ -80,6 +103,39 @@ def _cycles_between_modules(graph):
 def test_coda_env_has_no_import_cycle():
     cycle = _cycle(_cycles_between_modules(_graph()))
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_coda_agent_has_no_import_cycle():
+    graph = _graph(AGENT)
+    assert "coda_agent.steps" in graph["coda_agent.states"]  # the graph is read
+    cycle = _cycle(_cycles_between_modules(graph))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_coda_env_imports_nothing_of_coda_agent():
+    found = [(m, t) for m, t, _ in _imports(PKG) if t.split(".")[0] == "coda_agent"]
+    assert not found, found
+
+
+def test_nothing_in_coda_agent_imports_upward_into_train():
+    """train/ sits on top: only the command line (cli.py) dispatches into it."""
+    found = [
+        (m, t)
+        for m, t, _ in _imports(AGENT)
+        if t.startswith("coda_agent.train") and not m.startswith("coda_agent.train") and m != "coda_agent.cli"
+    ]
+    assert not found, found
+
+
+def test_no_method_file_imports_a_private_name_from_another_module():
+    """Method files (train/*.py) use each other's and the base's public names only."""
+    found = [
+        (m, f"{t}.{n}")
+        for m, t, n in _imports(AGENT)
+        if m.startswith("coda_agent.train") and t.startswith("coda_agent") and n and n.startswith("_")
+        and n != "__future__" and t != m
+    ]
+    assert not found, found
 
 
 def test_the_registry_knows_no_task_loading():

@@ -40,7 +40,7 @@ def test_split_action_gives_executor_sized_steps():
     # sleeps are no step of their own: performed with the step around them, never in a label
     code = "time.sleep(1)\npyautogui.hotkey('ctrl', 'a')\npyautogui.write('x')\ntime.sleep(0.5)"
     assert states.split_action(code) == ["pyautogui.hotkey('ctrl', 'a')", "pyautogui.write('x')"]
-    assert states._pieces(code, (1280, 800)) == [
+    assert states.executor_steps(code, (1280, 800)) == [
         ("pyautogui.hotkey('ctrl', 'a')", "time.sleep(1.0)\npyautogui.hotkey('ctrl', 'a')"),
         ("pyautogui.write('x')", "pyautogui.write('x')\ntime.sleep(0.5)"),
     ]
@@ -197,7 +197,7 @@ def oracle_ds(tmp_path_factory):
 
 def test_oracle_states_of_real_kalgebra(oracle_ds, capsys):
     from coda_agent.a11y_executor import ground
-    from coda_agent.train.rewards import action_reward
+    from coda_agent.steps import action_reward
 
     ds = states.load(oracle_ds)
     assert sorted(set(ds["task"])) == sorted(ORACLE_TASKS) and set(ds["source"]) == {"oracle"}

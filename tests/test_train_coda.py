@@ -22,7 +22,8 @@ trl = pytest.importorskip("trl")
 from coda_agent.models import TransformersVLM  # noqa: E402
 from coda_agent.tiny import build_tiny_qwen2_5_vl  # noqa: E402
 from coda_agent.train import METHODS, add_arguments, config_from_args  # noqa: E402
-from coda_agent.train.coda import CodaConfig, build_trainer, config_flags, grpo_args, launch_command  # noqa: E402
+from coda_agent.train.coda import CodaConfig, build_trainer  # noqa: E402
+from coda_agent.train.steplevel import config_flags, grpo_args, launch_command  # noqa: E402
 from coda_agent.train.steplevel import ImageTextProcessor, load_states, trl_messages  # noqa: E402
 
 fast = pytest.mark.fast
@@ -101,9 +102,10 @@ def _cfg(tiny_dir, states_dir, out, **kw):
 # ------------------------------------------------------------------------------------------ pieces
 @fast
 def test_action_reward_is_importable_from_the_method():
-    from coda_agent.train import coda, rewards
+    from coda_agent import steps
+    from coda_agent.train import coda
 
-    assert coda.action_reward is rewards.action_reward
+    assert coda.action_reward is steps.action_reward
     assert (
         coda.action_reward("pyautogui.click(100, 50)", "pyautogui.click(125, 53)", (85, 39, 166, 65), (1280, 800))
         == 2.0

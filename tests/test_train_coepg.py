@@ -40,37 +40,55 @@ fast = pytest.mark.fast
 
 
 # ------------------------------------------------------------------------------------------ C-DREM weights
+def _softmax(z):
+    e = [math.exp(x) for x in z]
+    return [x / sum(e) for x in e]
+
+
 @fast
-def test_cdrem_weights_equal_confidences_follow_the_priors():
-    # softmax(1*-1, 1*-1, 2*-1) = e^-1, e^-1, e^-2 over their sum
-    w = cdrem_weights([-1.0, -1.0, -1.0], [1.0, 1.0, 2.0])
-    z = 2 * math.exp(-1) + math.exp(-2)
-    assert w == pytest.approx([math.exp(-1) / z, math.exp(-1) / z, math.exp(-2) / z])
+def test_cdrem_weights_at_equal_confidence_follow_the_priors():
+    """c = exp(mean log-likelihood): with equal confidence the larger prior weighs more (the paper's 1:1:2,
+    "own model highest"); priors 1:1:2 at c = 0.8 -> 0.24, 0.24, 0.53 (../shared/PAPERS.md)."""
+    ll = math.log(0.8)
+    w = cdrem_weights([ll, ll, ll], [1.0, 1.0, 2.0])
+    assert w == pytest.approx(_softmax([0.8, 0.8, 1.6]))
+    assert [round(x, 2) for x in w] == [0.24, 0.24, 0.53]
+    assert w[2] > w[0] == pytest.approx(w[1])
     assert cdrem_weights([-0.5, -0.5], [1.0, 1.0]) == pytest.approx([0.5, 0.5])
-    assert cdrem_weights([0.0, 0.0, 0.0], [1.0, 1.0, 2.0]) == pytest.approx([1 / 3] * 3)  # certain: priors idle
 
 
 @fast
-def test_cdrem_weights_one_dominant_model():
-    w = cdrem_weights([-0.01, -5.0, -8.0], [1.0, 1.0, 1.0])
-    z = math.exp(-0.01) + math.exp(-5.0) + math.exp(-8.0)
-    assert w == pytest.approx([math.exp(-0.01) / z, math.exp(-5.0) / z, math.exp(-8.0) / z])
-    assert w[0] > 0.99
-    # huge confidences gaps do not overflow
-    assert cdrem_weights([-1e-3, -1e4], [2.0, 1.0]) == pytest.approx([1.0, 0.0])
+def test_cdrem_weights_on_unseen_logliks_and_priors():
+    """Held-out values, computed by hand from w = softmax(sigma * exp(l))."""
+    cases = [
+        ([-0.05, -2.3, -0.7], [1.0, 3.0, 0.5]),
+        ([-1e-4, -9.0], [2.0, 2.0]),
+        ([-0.3, -0.3, -0.3, -4.0], [0.0, 1.0, 5.0, 5.0]),
+    ]
+    for lls, priors in cases:
+        expect = _softmax([s * math.exp(ll) for ll, s in zip(lls, priors)])
+        assert cdrem_weights(lls, priors) == pytest.approx(expect), (lls, priors)
+    # a more confident model weighs more at the same prior; a larger prior weighs more at the same confidence
+    a, b = cdrem_weights([-0.1, -2.0], [1.0, 1.0])
+    assert a > b
+    c, d = cdrem_weights([-0.5, -0.5], [1.0, 2.0])
+    assert d > c
 
 
 @fast
-def test_cdrem_weights_minus_inf_gets_zero_and_all_minus_inf_gives_zeros():
-    w = cdrem_weights([-math.inf, -2.0, -1.0], [1.0, 1.0, 2.0])
+def test_cdrem_weights_no_point_is_zero_no_logprobs_is_the_prior_alone():
+    w = cdrem_weights([-math.inf, math.log(0.5), None], [1.0, 1.0, 2.0])
     assert w[0] == 0.0
-    assert w[1:] == pytest.approx([1 / (1 + math.exp(0)), 1 / (1 + math.exp(0))])  # -2*1 = -1*2
-    assert cdrem_weights([-math.inf, -math.inf], [1.0, 2.0]) == [0.0, 0.0]
-    assert cdrem_weights([float("nan"), -1.0], [1.0, 1.0]) == [0.0, 1.0]
+    assert w[1:] == pytest.approx(_softmax([0.5, 2.0]))  # None: c = 1, so sigma * 1 = 2
+    assert cdrem_weights([None, None], [1.0, 2.0]) == pytest.approx(_softmax([1.0, 2.0]))
+    assert cdrem_weights([-math.inf, -math.inf], [1.0, 2.0]) == [0.0, 0.0]  # no point anywhere: r_plan = 0
+    assert cdrem_weights([float("nan"), None], [1.0, 1.0]) == [0.0, 1.0]
     with pytest.raises(ValueError):
         cdrem_weights([-1.0], [1.0, 2.0])
     with pytest.raises(ValueError):
         cdrem_weights([-1.0], [-1.0])
+    with pytest.raises(ValueError):
+        cdrem_weights([0.5], [1.0])  # a log-likelihood above 0
 
 
 # ------------------------------------------------------------------------------------------ gates and boxes
@@ -128,10 +146,10 @@ def test_coordinate_confidence_is_the_mean_log_prob_of_the_coordinate_tokens():
     lps = [-0.1, -0.2, -0.3, -0.4, -1.0, -9.0, -2.0, -3.0, -0.5]
     g = read_grounding("".join(pieces), pieces, lps, (100, 100), (1000, 1000))
     assert g.point == (120, 340)
-    assert g.confidence == pytest.approx((-1.0 - 2.0 - 3.0) / 3)  # '12', '3', '4' (not the comma)
-    assert read_grounding(" type(content='x')", None, None, (100, 100), (1000, 1000)).confidence == -math.inf
+    assert g.loglik == pytest.approx((-1.0 - 2.0 - 3.0) / 3)  # '12', '3', '4' (not the comma)
+    assert read_grounding(" type(content='x')", None, None, (100, 100), (1000, 1000)).loglik == -math.inf
     assert read_grounding("gibberish", None, None, (100, 100), (1000, 1000)).point is None
-    assert read_grounding(" click(start_box='(1,2)')", None, None, (100, 100), (1000, 1000), 0.0).confidence == 0.0
+    assert read_grounding(" click(start_box='(1,2)')", None, None, (100, 100), (1000, 1000)).loglik is None
 
 
 @fast
@@ -150,7 +168,7 @@ def test_the_grounding_sft_target_points_back_into_the_box():
 
 
 class FakeGrounder:
-    """FAKE grounding model for fast tests: a fixed answer (point, confidence) per plan text."""
+    """FAKE grounding model for fast tests: a fixed answer (point, log-likelihood) per plan text."""
 
     def __init__(self, name, table):
         self.name, self.table, self.calls = name, table, 0
@@ -191,6 +209,11 @@ def test_reward_gates_then_weighs_the_grounding_models():
     )
     assert out == pytest.approx([0.5, 0.5, 0.0, 1.0, 0.0])  # equal confidences: half each; b hits the box edge
     assert a.calls == 2  # only gated pointer plans are grounded
+    # a third verifier without log-probs and a higher prior: its weight is its prior alone (c = 1)
+    c = FakeGrounder("c", {"Click '2D Graph'": ((100, 50), None)})
+    w = cdrem_weights([-1.0, -1.0, None], [1.0, 1.0, 2.0])
+    got = CDREMReward([a, b, c], [1.0, 1.0, 2.0]).score([row], ["Action: Click '2D Graph'"])[0]
+    assert got == pytest.approx([w[0] + w[2]]) and w[2] > w[0]  # a and c hit, b misses
     assert logged["cdrem/gate_pass_rate"] == pytest.approx(3 / 5)
     assert logged["cdrem/weight/a"] == pytest.approx(0.5) and logged["cdrem/hit_rate/b"] == pytest.approx(0.5)
     none = CDREMReward([FakeGrounder("x", {})], [1.0])
@@ -224,7 +247,7 @@ def test_errors_are_one_line_and_exit_code_2(tmp_path, capsys):
     base = ["train", "co-epg", "--planner", str(tmp_path / "p"), "--data", str(data), "--out", str(tmp_path / "run")]
     cases = {
         "no grounding model": (base, "--grounder DIR"),
-        "not a model": (base + ["--grounders", str(tmp_path / "nowhere")], "neither a checkpoint directory"),
+        "not a model": (base + ["--grounders", str(tmp_path / "nowhere")], "neither a11y, a checkpoint directory"),
         "priors": (base + ["--grounders", "http://127.0.0.1:9", "--grounder-priors", "1", "2"], "2 priors for 1"),
         "rounds without own model": (base + ["--rounds", "1"], "--rounds needs --grounder"),
     }
@@ -249,9 +272,9 @@ def test_the_command_trains_once_with_a_real_grounding_model(tmp_path, capsys):
     planner = build_tiny_qwen2_5_vl(tmp_path / "planner", max_pixels=16 * 28 * 28)
     grounder = build_tiny_qwen2_5_vl(tmp_path / "grounder", seed=1, max_pixels=16 * 28 * 28)
     g = TransformersGrounder(grounder, max_new_tokens=8).ground(
-        [("Plot", "Click '2D Graph'", np.zeros((800, 1280, 3), np.uint8))], (1280, 800)
+        [("Plot", "Click '2D Graph'", {"screenshot": np.zeros((800, 1280, 3), np.uint8)})], (1280, 800)
     )[0]
-    assert g.point is None and g.confidence == -math.inf  # an untrained model writes no point
+    assert g.point is None and g.loglik == -math.inf  # an untrained model writes no point
     out = tmp_path / "run"
     argv = ["train", "co-epg", "--planner", str(planner), "--grounder", str(grounder), "--data", str(data)]
     argv += ["--out", str(out), "--max-steps", "1", "--group-size", "2", "--states-per-step", "2"]

@@ -12,27 +12,24 @@ successful plans. The maths:
     the gate      the plan's own type and value (`plan_step`: the plan's words read with the a11y executor's verb
                   grammar, e.g. "Type 'sin(x)' and press enter" -> ("type", "sin(x)")) must match: type exactly,
                   value by token F1 > 0.5 (`token_f1`; two empty values match). Otherwise r = 0.
-    C-DREM        grounding models j each ground the plan: a point p_j and a confidence c_j = the mean
-                  log-likelihood of the tokens that spell p_j's coordinates (-inf when it gives no point);
-                  w = softmax_j(sigma_j * c_j) with static priors sigma_j (`cdrem_weights`: -inf -> weight 0);
-                  r = sum_j w_j * 1[p_j inside the target] (edges included). A step with no pointer (a key, a
-                  typed text into the focused field, DONE, ANS) needs no grounding: r = 1 when the gate passes.
+    C-DREM        verifiers j each ground the plan: a point p_j and the mean log-likelihood l_j of the tokens that
+                  spell p_j's coordinates; c_j = exp(l_j) in (0, 1] (the geometric-mean token probability);
+                  w = softmax_j(sigma_j * c_j) with static priors sigma_j (1 : 1 : 2, the own model highest);
+                  r = sum_j w_j * 1[p_j inside the target] (edges included). No point: w_j = 0; no log-probs (an
+                  endpoint without them, the a11y verifier): c_j = 1, its prior alone (`cdrem_weights`). A step
+                  with no pointer (a key, a typed text, DONE, ANS) needs no grounding: r = 1 when the gate passes.
     GRPO          A_i = (r_i - mean) / std over the G plans of a state; the paper's G = 7, lr 5e-7, temperature
-                  0.9, beta 0.01, eps 0.2 are the defaults.
-    the iteration round r: GRPO of the newest planner under C-DREM over the grounding pool (the --grounders, fixed,
-                  plus the two newest generations of the own grounding model); the planner pool (its two newest
-                  generations) then samples plans on the states afresh, the plans that pass the gate and score at
-                  least --sft-min-reward under C-DREM (the pool's successful plans) become SFT examples
-                  (screenshot, plan) -> the target's point, in UI-TARS's grammar, and the own grounding
-                  model is fine-tuned on them; the new planner and grounding model join their pools. K rounds;
-                  OUT/round_NN/{train,sft,done.json}, a rerun resumes at the first unfinished round.
+                  0.9, beta 0.01, eps 0.2 are the defaults; the SFTs' lr 1e-6 and 3 epochs too.
+    the iteration round k (`run_rounds`): D_k from the planner pool Pi and the verifier pool Phi (plans the
+                  verifiers ground inside the target); SFT of the planner and of the grounding model on D_k;
+                  GRPO of the planner under C-DREM; SFT of the grounding model on the optimised planner's
+                  verified plans; pi_k' joins Pi and phi_k joins Phi (the two newest own generations kept); D_{k+1}
+                  regenerated. K rounds (the paper: 3); OUT/round_NN/, a rerun resumes at the first unfinished one.
 
-Grounding models are local checkpoints (`transformers`, UI-TARS-style: its computer-use prompt, the screenshot,
-and an answer that starts `Thought: <plan>\\nAction:`) or OpenAI-compatible endpoints; an endpoint's confidence
-comes from the logprobs it returns (vLLM and SGLang do with `logprobs: true`); one that returns none is given
-`--no-logprobs-confidence` (default 0.0, i.e. as sure as a certain model: it then weighs by its prior alone
-against the others' doubt). With c <= 0 a larger sigma_j sharpens the penalty of doubt for model j (the prior
-acts as an inverse temperature on its confidence), which is how the paper's formula reads.
+Pools: planners are checkpoints or OpenAI-compatible endpoints (--planners, beside the own planner); verifiers
+are local checkpoints (`transformers`, UI-TARS-style: its computer-use prompt, the screenshot, and an answer that
+starts `Thought: <plan>\nAction:`), endpoints (whose log-probs give l_j: vLLM and SGLang with `logprobs: true`),
+or `a11y` (the accessibility tree grounds the plan; no model).
 
     coda train co-epg --data STATES --planner P --grounder G [--grounders U ...] --out OUT [--rounds K]
 """
@@ -48,9 +45,27 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from .coda import CodaConfig, _finished_rounds, _live_eval, _mark_done, _round_dir, _success_rate
-from .common import Method, opt, write_config
-from .rewards import POINTER_TYPES, canonical_steps
+from ..steps import POINTER_TYPES, canonical_steps
+from .common import Method, opt
+from .steplevel import (
+    ImageTextProcessor,
+    Rounds,
+    RunLogCallback,
+    StepLevelConfig,
+    build_trainer,
+    checkpointing_field,
+    completion_rows,
+    export_planner,
+    live_eval,
+    load_states,
+    make_executor,
+    oracle_state_paths,
+    resolve_app,
+    run_trainer,
+    success_rate,
+    trl_messages,
+    world_size,
+)
 
 __all__ = [
     "CDREMReward",
@@ -71,57 +86,56 @@ __all__ = [
 
 
 @dataclass
-class CoEPGConfig(CodaConfig):
-    """`coda train co-epg`: CODA's step-level settings with the paper's GRPO values, plus the grounding side."""
+class CoEPGConfig(StepLevelConfig):
+    """`coda train co-epg`: the step-level settings with the paper's GRPO values, plus the pools and the SFT."""
 
     out: str = opt(
         "runs/co-epg",
-        "run folder: config.json, metrics.jsonl, tb/, checkpoints/, planner/ (with --rounds: round_NN/{train,sft})",
+        "run folder: config.json, metrics.jsonl, round_NN/{data,planner_sft,grounder_sft,train,grounder_grpo_sft}",
     )
     grounder: str = opt(
         "",
-        "the own grounding model (a UI-TARS-style checkpoint directory): in the C-DREM pool with the highest "
-        "prior, and fine-tuned by SFT on the planner's successful plans each round",
+        "the own grounding model phi (a UI-TARS-style checkpoint directory): fine-tuned by SFT each round, its "
+        "newest generation in the verifier pool with the highest prior",
     )
     grounders: list[str] = opt(
-        [], "other grounding models in the C-DREM pool, fixed: checkpoint directories or http(s):// endpoints"
+        [],
+        "the fixed verifiers of the pool Phi: checkpoint directories, http(s):// endpoints, or a11y (the "
+        "accessibility tree grounds the plan; no model, no log-probs)",
     )
     grounder_priors: list[float] = opt([], "static priors sigma of --grounders, one each (default: 1 each)")
+    grounder_models: list[str] = opt([], "model names at the --grounders endpoints (default: what each serves)")
     own_prior: float = opt(2.0, "prior sigma of the newest own grounding model (the paper's 1:1:2)")
     previous_prior: float = opt(1.0, "prior sigma of the previous generation of the own grounding model")
-    grounder_models: list[str] = opt([], "model names at the --grounders endpoints (default: what each serves)")
     grounder_max_new_tokens: int = opt(48, "tokens per grounding answer (greedy)")
-    no_logprobs_confidence: float = opt(
-        0.0, "confidence c of an endpoint that returns no logprobs (0: as sure as a certain model)"
+    planners: list[str] = opt(
+        [], "the fixed planners of the pool Pi that write D_k beside the own planner: checkpoints or endpoints"
     )
     executor: str = opt(
-        "",
-        "the executor of the live runs (--rounds with --episodes > 0): default the newest own grounding model",
-    )
-    reward_scale: float = opt(50.0, "not used by co-epg (C-DREM counts hits inside the target, no distances)")
-    launcher: str | None = opt(
-        None, "not used by co-epg (its iteration runs in one process; without --rounds use accelerate launch)"
+        "", "the executor of the live runs (--episodes > 0 with --env): default the newest own grounding model"
     )
     # the paper's GRPO values
     group_size: int = opt(7, "plans sampled per state: the GRPO group G (the paper's 7)")
     states_per_step: int = opt(4, "states per optimizer step, over all processes (each gives G plans)")
     micro_batch: int = opt(7, "completions per forward pass per device (states-per-step x G must divide by it)")
-    lr: float = opt(5e-7, "AdamW learning rate of the planner (the paper's 5e-7)")
+    lr: float = opt(5e-7, "AdamW learning rate of the planner's GRPO (the paper's 5e-7)")
     temperature: float = opt(0.9, "planner sampling temperature (the paper's 0.9)")
     kl_coef: float = opt(0.01, "KL penalty to the reference planner (beta; the paper's 0.01)", "--beta")
     clip_eps: float = opt(0.2, "PPO clip range of the ratio (epsilon; the paper's 0.2)")
-    # the grounding model's SFT and the iteration
+    # the iteration
     rounds: int = opt(
-        0, "Co-EPG iterations K (GRPO -> regenerate plans -> grounding SFT); 0: one GRPO run on --data (the paper: 3)"
+        0, "Co-EPG iterations K (D_k -> SFT -> GRPO -> grounder SFT -> pools); 0: one GRPO run on --data (paper: 3)"
     )
+    oracle_states: bool = opt(True, "with --env: the states of D_k are the tasks' oracle replays (plus any --data)")
     episodes: int = opt(0, "live episodes per task after each round (needs --env; 0: no live runs)")
-    pool_size: int = opt(2, "generations kept in each pool (planners that make SFT data; own grounding models)")
-    sft_plans: int = opt(4, "plans each pooled planner samples per state when the SFT data is regenerated")
-    sft_min_reward: float = opt(0.5, "C-DREM reward a regenerated plan needs to become a grounding SFT example")
-    sft_lr: float = opt(1e-5, "AdamW learning rate of the grounding model's SFT")
-    sft_epochs: float = opt(1.0, "passes of the grounding SFT over its examples")
-    sft_micro_batch: int = opt(4, "examples per forward pass of the grounding SFT")
-    sft_lora_r: int = opt(0, "LoRA rank of the grounding SFT (0: every weight)")
+    pool_size: int = opt(2, "own generations kept in each pool (the paper keeps the two newest)")
+    sft_plans: int = opt(4, "plans each pooled planner samples per state when D_k is generated")
+    sft_min_reward: float = opt(0.5, "C-DREM reward over the verifier pool a plan needs to be verified (join D_k)")
+    sft_lr: float = opt(1e-6, "AdamW learning rate of both SFTs (the paper's 1e-6)")
+    sft_epochs: float = opt(3.0, "passes of each SFT over its data (the paper's 3)")
+    sft_micro_batch: int = opt(4, "examples per forward pass of the SFTs")
+    sft_lora_r: int = opt(0, "LoRA rank of the SFTs (0: every weight)")
+    planner_sft: bool = opt(True, "SFT of the planner on D_k each round (--no-planner-sft: GRPO alone, an ablation)")
 
 
 # ------------------------------------------------------------------------------------------ step data
@@ -266,20 +280,26 @@ def inside(
 
 
 # ------------------------------------------------------------------------------------------ C-DREM
-def cdrem_weights(confidences: list[float], priors: list[float]) -> list[float]:
-    """w_j = softmax_j(sigma_j * c_j): the grounding models' weights from their confidences c_j (mean
-    log-likelihood of their coordinate tokens) and static priors sigma_j (>= 0). A model with c_j = -inf (or
-    NaN: no point) gets weight 0; when every model has, all weights are 0 (the plan then scores 0)."""
-    if len(confidences) != len(priors):
-        raise ValueError(f"{len(confidences)} confidences but {len(priors)} priors")
+def cdrem_weights(logliks: Sequence[float | None], priors: Sequence[float]) -> list[float]:
+    """C-DREM's weights w = softmax_j(sigma_j * c_j) over the grounding models that gave a point, with the
+    confidence c_j = exp(mean log-likelihood of j's coordinate tokens), in (0, 1] (the geometric-mean token
+    probability: with equal confidence the larger prior weighs more, as the paper's 1:1:2 "own model highest"
+    intends; ../shared/PAPERS.md). `logliks[j]`: -inf (or NaN) when j gave no point -> weight 0 (when none did,
+    every weight is 0 and the plan scores 0); None when j returns no log-probs -> c_j = 1 (its prior alone).
+    `priors` sigma_j >= 0."""
+    if len(logliks) != len(priors):
+        raise ValueError(f"{len(logliks)} log-likelihoods but {len(priors)} priors")
     if any(p < 0 or not math.isfinite(p) for p in priors):
-        raise ValueError(f"priors must be finite and >= 0, got {priors}")
-    if any(c == math.inf for c in confidences):
-        raise ValueError("a confidence is a mean log-likelihood: it cannot be +inf")
-    logits = [s * c if math.isfinite(c) else None for c, s in zip(confidences, priors)]
+        raise ValueError(f"priors must be finite and >= 0, got {list(priors)}")
+    if any(ll is not None and ll > 0 for ll in logliks):
+        raise ValueError(f"a mean log-likelihood is <= 0, got {list(logliks)}")
+    logits = [
+        s * (1.0 if ll is None else math.exp(ll)) if ll is None or math.isfinite(ll) else None
+        for ll, s in zip(logliks, priors)
+    ]
     finite = [z for z in logits if z is not None]
     if not finite:
-        return [0.0] * len(confidences)
+        return [0.0] * len(logliks)
     top = max(finite)
     exps = [math.exp(z - top) if z is not None else 0.0 for z in logits]
     total = sum(exps)
@@ -288,16 +308,18 @@ def cdrem_weights(confidences: list[float], priors: list[float]) -> list[float]:
 
 @dataclass
 class Grounding:
-    """One grounding model's answer to a plan: the point on the screen (None: it gave none), its confidence
-    (mean log-likelihood of the coordinate tokens; -inf without a point) and its text."""
+    """One grounding model's answer to a plan: the point on the screen (None: it gave none), the mean
+    log-likelihood of its coordinate tokens (-inf without a point; None when the model returns no log-probs)
+    and its text."""
 
     point: tuple[int, int] | None
-    confidence: float
+    loglik: float | None
     text: str = ""
 
 
 class Grounder(Protocol):
-    """A grounding model of the C-DREM pool: (instruction, plan text, screenshot) -> Grounding, batched."""
+    """A grounding model of the C-DREM pool (a verifier): (instruction, plan text, observation: the state's env
+    observation, `states.state_observation`) -> Grounding, batched."""
 
     name: str
 
@@ -332,11 +354,10 @@ def read_grounding(
     logprobs: Sequence[float] | None,
     image_size: tuple[int, int],
     screen: tuple[int, int],
-    no_logprobs: float = 0.0,
 ) -> Grounding:
     """A grounding model's answer -> its first point on the screen and the mean log-probability of the tokens
     that spell that point's numbers (`pieces`: each generated token's text, in order, joined = `text`). Parsed
-    with UI-TARS's grammar (never evaluated); no point -> (None, -inf). Without logprobs: `no_logprobs`."""
+    with UI-TARS's grammar (never evaluated); no point -> (None, -inf). Without logprobs: (point, None)."""
     from ..uitars import UITarsParseError, parse_uitars
 
     try:
@@ -351,7 +372,7 @@ def read_grounding(
     px, py = first.args["start"]
     point = (min(sw - 1, max(0, round(px / iw * sw))), min(sh - 1, max(0, round(py / ih * sh))))
     if not logprobs or pieces is None:
-        return Grounding(point, no_logprobs, text)
+        return Grounding(point, None, text)
     spans = [(m.start(2) + d.start(), m.start(2) + d.end()) for d in _NUMBER.finditer(m.group(2))]
     picked, pos = [], 0
     for piece, lp in zip(pieces, logprobs):
@@ -359,7 +380,7 @@ def read_grounding(
         pos = b
         if any(a < e and s < b for s, e in spans):
             picked.append(lp)
-    return Grounding(point, sum(picked) / len(picked) if picked else no_logprobs, text)
+    return Grounding(point, sum(picked) / len(picked) if picked else None, text)
 
 
 class TransformersGrounder:
@@ -377,7 +398,7 @@ class TransformersGrounder:
 
         if not items:
             return []
-        convs = [grounding_conversation(i, p, s) for i, p, s in items]
+        convs = [grounding_conversation(i, p, o["screenshot"]) for i, p, o in items]
         gens = self.vlm.generate(convs, SamplingParams(max_new_tokens=self.max_new_tokens, logprobs=True))
         size = model_image_size(self.vlm, screen)
         tok = self.vlm.tokenizer
@@ -395,17 +416,15 @@ class TransformersGrounder:
 
 class EndpointGrounder:
     """A grounding model behind an OpenAI-compatible endpoint (vLLM, SGLang), asked for the logprobs of its
-    tokens (`logprobs: true`); an answer without them gets `no_logprobs` as its confidence."""
+    tokens (`logprobs: true`); an answer without them has no log-likelihood (C-DREM then weighs it by its prior
+    alone)."""
 
-    def __init__(
-        self, url: str, model: str | None = None, name: str | None = None, max_new_tokens: int = 48, no_logprobs=0.0
-    ):
+    def __init__(self, url: str, model: str | None = None, name: str | None = None, max_new_tokens: int = 48):
         from ..models import OpenAIVLM
 
         self.vlm = OpenAIVLM(url, model=model)
         self.name = name or model or url
         self.max_new_tokens = max_new_tokens
-        self.no_logprobs = no_logprobs
 
     def _one(self, conv, screen) -> Grounding:
         from ..models import model_image_size
@@ -427,26 +446,119 @@ class EndpointGrounder:
         lps = [float(t["logprob"]) for t in content] if content else None
         if pieces is not None and "".join(pieces) != text:  # tokens that do not spell the text cannot be aligned
             pieces = lps = None
-        return read_grounding(text, pieces, lps, model_image_size(self.vlm, screen), screen, self.no_logprobs)
+        return read_grounding(text, pieces, lps, model_image_size(self.vlm, screen), screen)
 
     def ground(self, items: Sequence[tuple[str, str, Any]], screen: tuple[int, int]) -> list[Grounding]:
         from concurrent.futures import ThreadPoolExecutor
 
-        convs = [grounding_conversation(i, p, s) for i, p, s in items]
+        convs = [grounding_conversation(i, p, o["screenshot"]) for i, p, o in items]
         with ThreadPoolExecutor(max(1, min(16, len(convs)))) as pool:
             return list(pool.map(lambda c: self._one(c, screen), convs))
 
 
+# ------------------------------------------------------------------------------------------ the pools
+class A11yGrounder:
+    """A verifier without a model: the a11y executor grounds the plan in the state's accessibility table (the
+    point of the action it comes to). It returns no log-probs, so C-DREM weighs it by its prior alone."""
+
+    def __init__(self, name: str = "a11y"):
+        self.name = name
+
+    def ground(self, items: Sequence[tuple[str, str, Any]], screen: tuple[int, int]) -> list[Grounding]:
+        from ..a11y_executor import A11yExecutor
+        from ..steps import canonical_steps
+
+        out = []
+        for res in A11yExecutor(screen).execute(list(items)):
+            steps = canonical_steps(res.action, screen) if res.action else []
+            first = next((st for st in steps if st.type in POINTER_TYPES and st.point is not None), None)
+            point = None if first is None else tuple(first.start if first.type == "drag" else first.point)
+            out.append(Grounding(point, None if point else -math.inf, res.action or ""))
+        return out
+
+
 def make_grounder(spec: str, name: str | None = None, model: str | None = None, cfg: CoEPGConfig | None = None):
-    """A grounding model from a checkpoint directory or an http(s):// endpoint."""
+    """A verifier: `a11y`, a checkpoint directory or an http(s):// endpoint."""
     tokens = cfg.grounder_max_new_tokens if cfg else 48
+    if spec == "a11y":
+        return A11yGrounder(name or "a11y")
     if spec.startswith(("http://", "https://")):
-        return EndpointGrounder(spec, model, name, tokens, cfg.no_logprobs_confidence if cfg else 0.0)
+        return EndpointGrounder(spec, model, name, tokens)
     if not (Path(spec) / "config.json").exists():
-        raise ValueError(f"grounding model {spec!r} is neither a checkpoint directory nor an http(s):// endpoint")
+        raise ValueError(f"grounding model {spec!r} is neither a11y, a checkpoint directory nor an http(s):// endpoint")
     return TransformersGrounder(spec, name, cfg.device if cfg else None, tokens)
 
 
+def grounding_pool(cfg: CoEPGConfig, own: Sequence[str] = ()) -> tuple[list, list[float]]:
+    """The verifier pool Phi and its priors: the fixed --grounders, then the own grounding model's generations
+    (`own`, oldest first; default --grounder), the newest with --own-prior, older ones --previous-prior."""
+    priors = list(cfg.grounder_priors) or [1.0] * len(cfg.grounders)
+    if len(priors) != len(cfg.grounders):
+        raise ValueError(f"--grounder-priors gives {len(priors)} priors for {len(cfg.grounders)} --grounders")
+    models = list(cfg.grounder_models) + [None] * (len(cfg.grounders) - len(cfg.grounder_models))
+    pool = [make_grounder(s, f"fixed{j}", m, cfg) for j, (s, m) in enumerate(zip(cfg.grounders, models))]
+    own = list(own) or ([cfg.grounder] if cfg.grounder else [])
+    for k, path in enumerate(own):
+        newest = k == len(own) - 1
+        pool.append(make_grounder(path, "own" if newest else f"own_prev{len(own) - 1 - k}", None, cfg))
+        priors.append(cfg.own_prior if newest else cfg.previous_prior)
+    if not pool:
+        raise ValueError("coda train co-epg needs grounding models: --grounder DIR and/or --grounders DIR|URL|a11y ...")
+    return pool, priors
+
+
+# ------------------------------------------------------------------------------------------ D_k
+def sample_plans(spec: str, rows: Sequence[dict], cfg: CoEPGConfig, n: int) -> tuple[list[list[str]], int]:
+    """`n` plans per state from one planner of the pool (a checkpoint or an endpoint), at --temperature.
+    Returns (plans per state, generated tokens)."""
+    from ..models import SamplingParams, load_model
+    from ..states import planner_conversation
+
+    vlm = load_model(spec, **({"device": cfg.device} if cfg.device else {}))
+    convs = [planner_conversation(r, history_images=cfg.history_images) for r in rows]
+    plans: list[list[str]] = [[] for _ in rows]
+    tokens = 0
+    for k in range(n):
+        params = SamplingParams(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + 1000 * k
+        )
+        for i, g in enumerate(vlm.generate(convs, params)):
+            plans[i].append(g.text)
+            tokens += len(g.token_ids or [])
+    return plans, tokens
+
+
+def verified_plans(
+    cfg: CoEPGConfig, planners: Sequence[str], rows: Sequence[dict], reward: CDREMReward
+) -> tuple[list[tuple[dict, str]], dict]:
+    """D_k: every planner of the pool samples --sft-plans plans per state; a plan is verified when it passes the
+    gate and the verifier pool grounds it inside the target (its C-DREM reward is at least --sft-min-reward).
+    Returns ((state, plan) pairs, counts)."""
+    pairs: list[tuple[dict, str]] = []
+    sampled = passed = tokens = 0
+    for spec in planners:
+        plans, t = sample_plans(spec, rows, cfg, cfg.sft_plans)
+        tokens += t
+        flat_rows = [r for r, ps in zip(rows, plans) for _ in ps]
+        flat = [p for ps in plans for p in ps]
+        rewards, stats = reward.score(flat_rows, flat)
+        sampled += len(flat)
+        passed += round(stats["cdrem/gate_pass_rate"] * len(flat))
+        pairs += [(r, p) for r, p, x in zip(flat_rows, flat, rewards) if x >= cfg.sft_min_reward]
+    counts = {"plans_sampled": sampled, "plans_passed_gate": passed, "plans_verified": len(pairs)}
+    return pairs, counts | {"plan_tokens": tokens}
+
+
+def heldout_reward(cfg: CoEPGConfig, planner: str, rows: Sequence[dict], reward: CDREMReward) -> float:
+    """The planner's mean C-DREM reward on held-out states under the given verifier pool (--eval-generations
+    plans per state): the figure after the grounder's SFT, with the pool the next round trains under."""
+    plans, _ = sample_plans(planner, rows, cfg, cfg.eval_generations or cfg.group_size)
+    flat_rows = [r for r, ps in zip(rows, plans) for _ in ps]
+    rewards, _ = reward.score(flat_rows, [p for ps in plans for p in ps])
+    return sum(rewards) / max(1, len(rewards))
+
+
+# ------------------------------------------------------------------------------------------ SFT (TRL)
 class CDREMReward:
     """TRL reward function: each sampled plan -> the gate (type, value) -> C-DREM over the grounding pool.
     Logs the gate pass rate, the plan readability rate and, per grounding model, its mean C-DREM weight and
@@ -460,6 +572,7 @@ class CDREMReward:
         if not grounders:
             raise ValueError("C-DREM needs at least one grounding model (--grounder / --grounders)")
         self.grounders, self.priors = list(grounders), [float(p) for p in priors]
+        self.last_weights: dict[str, float] = {}  # each grounding model's mean weight in the last scored batch
 
     def score(self, rows: Sequence[dict], texts: Sequence[str]) -> tuple[list[float], dict[str, float]]:
         from ..executor import executor_text
@@ -488,7 +601,7 @@ class CDREMReward:
         if todo:
             screen = tuple(int(v) for v in rows[todo[0][0]]["screen"])
             items = [
-                (rows[i]["instruction"], executor_text(parse_plan(texts[i])), state_observation(rows[i])["screenshot"])
+                (rows[i]["instruction"], executor_text(parse_plan(texts[i])), state_observation(rows[i]))
                 for i, _ in todo
             ]
             answers = [g.ground(items, screen) for g in self.grounders]
@@ -498,22 +611,19 @@ class CDREMReward:
                 row = rows[i]
                 box = list(row["box"]) if row.get("box") else None
                 hits = [inside(a[k].point, box, point, float(row.get("radius") or 0.0)) for a in answers]
-                w = cdrem_weights([a[k].confidence for a in answers], self.priors)
+                w = cdrem_weights([a[k].loglik for a in answers], self.priors)
                 rewards[i] = sum(wj * h for wj, h in zip(w, hits))
                 for j in range(len(w)):
                     weights_sum[j] += w[j]
                     hits_sum[j] += hits[j]
+            self.last_weights = {g.name: weights_sum[j] / len(todo) for j, g in enumerate(self.grounders)}
             for j, g in enumerate(self.grounders):
                 stats[f"cdrem/weight/{g.name}"] = weights_sum[j] / len(todo)
                 stats[f"cdrem/hit_rate/{g.name}"] = hits_sum[j] / len(todo)
         return rewards, stats
 
     def __call__(self, prompts, completions, log_metric=None, **columns) -> list[float]:
-        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-        rows = [
-            {k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(texts)}
-            for i in range(len(texts))
-        ]
+        texts, rows = completion_rows(completions, columns)
         rewards, stats = self.score(rows, texts)
         if log_metric is not None:
             for k, v in stats.items():
@@ -521,50 +631,7 @@ class CDREMReward:
         return rewards
 
 
-# ------------------------------------------------------------------------------------------ GRPO
-def grounding_pool(cfg: CoEPGConfig, own: Sequence[str] = ()) -> tuple[list, list[float]]:
-    """The C-DREM pool and its priors: the fixed --grounders, then the own grounding model's generations
-    (`own`, oldest first; default --grounder), the newest with --own-prior, older ones --previous-prior."""
-    priors = list(cfg.grounder_priors) or [1.0] * len(cfg.grounders)
-    if len(priors) != len(cfg.grounders):
-        raise ValueError(f"--grounder-priors gives {len(priors)} priors for {len(cfg.grounders)} --grounders")
-    models = list(cfg.grounder_models) + [None] * (len(cfg.grounders) - len(cfg.grounder_models))
-    pool = [make_grounder(s, f"fixed{j}", m, cfg) for j, (s, m) in enumerate(zip(cfg.grounders, models))]
-    own = list(own) or ([cfg.grounder] if cfg.grounder else [])
-    for k, path in enumerate(own):
-        newest = k == len(own) - 1
-        pool.append(make_grounder(path, "own" if newest else f"own_prev{len(own) - 1 - k}", None, cfg))
-        priors.append(cfg.own_prior if newest else cfg.previous_prior)
-    if not pool:
-        raise ValueError("coda train co-epg needs grounding models: --grounder DIR and/or --grounders DIR|URL ...")
-    return pool, priors
-
-
-def train_grpo(
-    cfg: CoEPGConfig,
-    out: Path | None = None,
-    grounders: tuple[list, list[float]] | None = None,
-    progress: bool = True,
-    extra_log: dict | None = None,
-) -> dict:
-    """One GRPO run of the planner over cfg.data under C-DREM (coda.build_trainer with this reward, then
-    coda.run_trainer: held-out reward before and after, checkpoints, resume, export). Returns its summary."""
-    from .coda import build_trainer, run_trainer
-    from .steplevel import load_states
-
-    out = Path(out or cfg.out)
-    train, app = load_states(cfg.data, cfg.app)
-    held = step_data(load_states(cfg.eval_data, app)[0]) if cfg.eval_data else None
-    pool, priors = grounders or grounding_pool(cfg)
-    reward = CDREMReward(pool, priors)
-    train = step_data(train)
-    trainer = build_trainer(
-        cfg, out, train_states=train, eval_states=held, progress=progress, extra_log=extra_log, reward_funcs=[reward]
-    )
-    return run_trainer(trainer, cfg, out, base=cfg.planner, extra_log=extra_log)
-
-
-# ------------------------------------------------------------------------------------------ grounding SFT
+# ------------------------------------------------------------------------------------------ grounding SFT data
 _VERBS = {"click": "click", "double_click": "left_double", "right_click": "right_single", "move": "hover"}
 
 
@@ -642,18 +709,40 @@ def _sft_transform(batch: dict[str, list]) -> dict[str, list]:
     return {"prompt": prompts_, "completion": completions, "images": batch["images"]}
 
 
-def sft_grounder(cfg: CoEPGConfig, base: str, examples, out: Path, progress: bool = True) -> dict:
-    """Fine-tune the grounding model `base` on `examples` (grounding_examples) with TRL's SFTTrainer (loss on
-    the answer only), and export it to OUT/grounder (a checkpoint the pool and `--executor` load). Returns a
-    summary."""
+def planner_examples(pairs: Sequence[tuple[dict, str]], history_images: int = 2):
+    """D_k's (state, verified plan) pairs -> a prompt-completion dataset TRL's SFTTrainer reads: the planner's
+    conversation at the state (as the live agent builds it) and the plan as the answer."""
+    from datasets import Dataset
+
+    from ..states import planner_conversation
+
+    rows = []
+    for row, plan in pairs:
+        msgs, images = trl_messages(planner_conversation(row, history_images=history_images))
+        rows.append({"prompt": json.dumps(msgs), "answer": plan, "images": images})
+    if not rows:
+        return None
+    return Dataset.from_list(rows).with_transform(_planner_transform)
+
+
+def _planner_transform(batch: dict[str, list]) -> dict[str, list]:
+    return {
+        "prompt": [json.loads(p) for p in batch["prompt"]],
+        "completion": [[{"role": "assistant", "content": [{"type": "text", "text": a}]}] for a in batch["answer"]],
+        "images": batch["images"],
+    }
+
+
+def sft(cfg: CoEPGConfig, base: str, examples, out: Path, phase: str, progress: bool = True) -> dict:
+    """Fine-tune the checkpoint `base` (the planner or the grounding model) on `examples` with TRL's SFTTrainer
+    (loss on the answer only; --sft-lr, --sft-epochs), exported to OUT/model. Returns a summary."""
     import torch
     from transformers import AutoModelForImageTextToText
     from trl import SFTConfig, SFTTrainer
 
-    from .coda import _checkpointing_field
-    from .steplevel import ImageTextProcessor, RunLogCallback, export_planner
-
     out = Path(out)
+    if (out / "done.json").exists():  # finished in an earlier run
+        return json.loads((out / "done.json").read_text())
     cuda = torch.cuda.is_available() and (cfg.device or "cuda").startswith("cuda")
     bf16 = cuda if cfg.bf16 is None else cfg.bf16
     processor = ImageTextProcessor.from_checkpoint(base)
@@ -673,7 +762,7 @@ def sft_grounder(cfg: CoEPGConfig, base: str, examples, out: Path, progress: boo
         num_train_epochs=cfg.sft_epochs,
         max_length=None,  # a screenshot alone can be over 1000 tokens: never cut into the answer
         completion_only_loss=True,
-        **{_checkpointing_field(): False},
+        **{checkpointing_field(): False},
         logging_steps=1,
         report_to=[],
         disable_tqdm=not progress,
@@ -697,7 +786,7 @@ def sft_grounder(cfg: CoEPGConfig, base: str, examples, out: Path, progress: boo
         train_dataset=examples,
         processing_class=processor,
         peft_config=peft_config,
-        callbacks=[RunLogCallback(out, {"phase": "grounding_sft"})],
+        callbacks=[RunLogCallback(out, {"phase": phase})],
     )
     if not progress:
         from transformers.trainer_callback import PrinterCallback
@@ -705,115 +794,120 @@ def sft_grounder(cfg: CoEPGConfig, base: str, examples, out: Path, progress: boo
         trainer.remove_callback(PrinterCallback)
     t0 = time.monotonic()
     result = trainer.train()
-    export_planner(trainer, base, processor, out / "grounder")
-    return {
-        "grounder": str(out / "grounder"),
-        "sft_examples": len(examples),
-        "sft_loss": result.training_loss,
-        "sft_seconds": time.monotonic() - t0,
+    export_planner(trainer, base, processor, out / "model")
+    rec = {
+        "model": str(out / "model"),
+        "examples": len(examples),
+        "loss": result.training_loss,
+        "seconds": time.monotonic() - t0,
     }
+    (out / "done.json").write_text(json.dumps(rec))
+    return rec
 
 
-def regenerate_plans(
-    cfg: CoEPGConfig, planners: Sequence[str], states, reward: CDREMReward
-) -> tuple[list[tuple[dict, str]], dict]:
-    """The planner pool samples `--sft-plans` plans per state (temperature --temperature); a plan is successful
-    when it passes the gate on a pointer step and C-DREM over the pool (`reward`) gives it at least
-    --sft-min-reward: the pool agrees it lands in the target, so a plan that names the wrong element (it passes
-    the gate, its type and value being right) does not teach the grounding model to point at the target.
-    Returns (the successful (state, plan) pairs, counts)."""
-    from ..models import SamplingParams, TransformersVLM
-    from ..states import planner_conversation
-
-    pairs: list[tuple[dict, str]] = []
-    sampled = passed = tokens = 0
-    rows = list(states)
-    for path in planners:
-        vlm = TransformersVLM(path, device=cfg.device)
-        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
-        for n in range(cfg.sft_plans):
-            params.seed = cfg.seed + 1000 * n
-            convs = [planner_conversation(r, history_images=cfg.history_images) for r in rows]
-            gens = vlm.generate(convs, params)
-            texts = [g.text for g in gens]
-            sampled += len(texts)
-            tokens += sum(len(g.token_ids or []) for g in gens)
-            rewards, stats = reward.score(rows, texts)
-            passed += round(stats["cdrem/gate_pass_rate"] * len(texts))
-            pairs += [(r, t) for r, t, x in zip(rows, texts, rewards) if r["point"] and x >= cfg.sft_min_reward]
-        del vlm
-    counts = {"plans_sampled": sampled, "plans_passed_gate": passed, "plans_successful": len(pairs)}
-    return pairs, counts | {"plan_tokens": tokens}  # plan_tokens: the tokens the pool generated (EOS included)
+# ------------------------------------------------------------------------------------------ GRPO
+def train_grpo(
+    cfg: CoEPGConfig,
+    out: Path | None = None,
+    grounders: tuple[list, list[float]] | None = None,
+    progress: bool = True,
+    extra_log: dict | None = None,
+) -> dict:
+    """One GRPO run of the planner over cfg.data under C-DREM (steplevel.build_trainer with this reward, then
+    steplevel.run_trainer: held-out reward before and after, checkpoints, resume, export). Returns its summary."""
+    out = Path(out or cfg.out)
+    train, app = load_states(cfg.data, cfg.app)
+    held = step_data(load_states(cfg.eval_data, app)[0]) if cfg.eval_data else None
+    reward = CDREMReward(*(grounders or grounding_pool(cfg)))
+    trainer = build_trainer(
+        cfg, out, [reward], train_states=step_data(train), eval_states=held, progress=progress, extra_log=extra_log
+    )
+    return run_trainer(trainer, cfg, out, base=cfg.planner, extra_log=extra_log)
 
 
 # ------------------------------------------------------------------------------------------ the iteration
 def run_rounds(cfg: CoEPGConfig, progress: bool = True) -> list[dict]:
-    """K Co-EPG iterations, resumable per round (see the module's docstring). Returns one record per round."""
-    from .coda import _round_states
-    from .common import probe_env
-    from .steplevel import ImageTextProcessor, load_states
+    """K Co-EPG iterations, resumable per round. Round k, with the planner pool Pi (--planners + the own
+    planner's newest generations) and the verifier pool Phi (--grounders + the own grounding model's):
+      1. D_k: Pi writes plans on the states, Phi verifies them (`verified_plans`);
+      2. SFT of the planner pi and of the grounding model phi on D_k (TRL's SFTTrainer);
+      3. GRPO of pi under C-DREM over Phi (with phi's new generation) -> pi_k';
+      4. SFT of phi on pi_k''s verified plans -> phi_k;
+      5. pi_k' joins Pi, phi_k joins Phi (the --pool-size newest own generations kept); D_{k+1} is
+         regenerated by the next round.
+    Logged per round: |D_k|, the pool members, the verifiers' mean C-DREM weights, the held-out reward before,
+    after GRPO and after the grounder's SFT (`eval_reward_final`, under the next round's pool)."""
 
-    from .coda import _world_size
-
-    if _world_size() > 1:
-        raise ValueError("the Co-EPG iteration runs in one process (its SFT and plan sampling are not distributed)")
+    if world_size() > 1:
+        raise ValueError("the Co-EPG iteration runs in one process (its SFTs and plan sampling are not distributed)")
     if not cfg.grounder or not (Path(cfg.grounder) / "config.json").exists():
         raise ValueError(f"--rounds needs --grounder DIR (the own grounding model, trained by SFT): {cfg.grounder!r}")
     if not cfg.planner or not (Path(cfg.planner) / "config.json").exists():
         raise ValueError(f"--planner {cfg.planner!r} is not a checkpoint directory (no config.json)")
-    if cfg.env:
-        cfg.app = probe_env(cfg.env, cfg.episode_steps).app
-    elif not cfg.data:
+    if not cfg.env and not cfg.data:
         raise ValueError("--rounds needs --data STATES or --env (whose tasks' oracle replays give the states)")
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(out, cfg)
-    done = _finished_rounds(out)
-    planners, own = [cfg.planner], [cfg.grounder]
-    history: list[dict] = []
+    resolve_app(cfg)
+    rounds = Rounds(cfg.out, cfg)
+    data = (oracle_state_paths(cfg, rounds.out) if cfg.env and cfg.oracle_states else []) + list(cfg.data)
+    states_ds, cfg.app = load_states(data, cfg.app)
+    rows = list(step_data(states_ds))
+    held = list(step_data(load_states(cfg.eval_data, cfg.app)[0])) if cfg.eval_data else []
+    executor = make_executor(replace(cfg, executor=cfg.executor or "a11y"), cfg.app) if cfg.episodes else None
+    own_planners, own = [cfg.planner], [cfg.grounder]
     for r in range(cfg.rounds):
-        rd = _round_dir(out, r)
-        if r in done:
-            rec = done[r]
-            history.append(rec)
-            planners = (planners + [rec["planner"]])[-cfg.pool_size :]
+        rd = rounds.dir(r)
+        if (rec := rounds.done(r)) is not None:
+            own_planners = (own_planners + [rec["planner"]])[-cfg.pool_size :]
             own = (own + [rec["grounder"]])[-cfg.pool_size :]
             continue
-        data = _round_states(cfg, r, out) if cfg.env else list(cfg.data)
-        rcfg = replace(cfg, data=data, planner=planners[-1], rounds=0, out=str(rd / "train"))
+        rec: dict[str, Any] = {"round": r}
         pool = grounding_pool(cfg, own)
-        train_rec = train_grpo(rcfg, grounders=pool, progress=progress, extra_log={"round": r})
-        planners = (planners + [str(rd / "train" / "planner")])[-cfg.pool_size :]
-        states = step_data(load_states(data, cfg.app)[0])
-        pairs, counts = regenerate_plans(cfg, planners, states, CDREMReward(*pool))
-        examples = grounding_examples(pairs, ImageTextProcessor.from_checkpoint(own[-1]).image_processor)
-        rec: dict[str, Any] = {"round": r, "planner": planners[-1], "states": train_rec.get("states"), **counts}
-        rec.update({k: train_rec[k] for k in ("steps", "eval_reward_before", "eval_reward_after") if k in train_rec})
+        planners = [*cfg.planners, *own_planners]
+        d_k, counts = verified_plans(cfg, planners, rows, CDREMReward(*pool))
+        rec.update(data=len(d_k), planner_pool=planners, verifier_pool=[g.name for g in pool[0]], **counts)
+        planner, grounder = own_planners[-1], own[-1]
+        if d_k and cfg.planner_sft:
+            planner = sft(
+                cfg, planner, planner_examples(d_k, cfg.history_images), rd / "planner_sft", "planner_sft", progress
+            )["model"]
+        examples = grounding_examples(d_k, ImageTextProcessor.from_checkpoint(grounder).image_processor)
         if examples is not None:
-            sft = sft_grounder(cfg, own[-1], examples, rd / "sft", progress)
-            own = (own + [sft["grounder"]])[-cfg.pool_size :]
-            rec.update({k: v for k, v in sft.items() if k != "grounder"})
-        else:  # no successful plan on a pointer step: the grounding model stays as it is this round
-            own = (own + [own[-1]])[-cfg.pool_size :]
-            rec["sft_examples"] = 0
-        rec["grounder"] = own[-1]
+            grounder = sft(cfg, grounder, examples, rd / "grounder_sft", "grounder_sft", progress)["model"]
+        pool = grounding_pool(cfg, [*own[:-1], grounder][-cfg.pool_size :])
+        gcfg = replace(cfg, data=data, planner=planner, rounds=0, out=str(rd / "train"))
+        grpo = train_grpo(gcfg, grounders=pool, progress=progress, extra_log={"round": r})
+        planner = str(rd / "train" / "planner")
+        reward = CDREMReward(*pool)
+        pairs, _ = verified_plans(cfg, [planner], rows, reward)
+        rec["grounder_examples"] = len(pairs)
+        examples = grounding_examples(pairs, ImageTextProcessor.from_checkpoint(grounder).image_processor)
+        if examples is not None:
+            grounder = sft(cfg, grounder, examples, rd / "grounder_grpo_sft", "grounder_sft", progress)["model"]
+        own_planners = (own_planners + [planner])[-cfg.pool_size :]
+        own = (own + [grounder])[-cfg.pool_size :]
+        rec.update(planner=planner, grounder=grounder, steps=grpo.get("steps"), states=grpo.get("states"))
+        rec.update({k: grpo[k] for k in ("eval_reward_before", "eval_reward_after") if k in grpo})
+        next_reward = CDREMReward(*grounding_pool(cfg, own))
+        if held:
+            rec["eval_reward_final"] = heldout_reward(cfg, planner, held, next_reward)
+            rec["mean_weights"] = dict(next_reward.last_weights)
         if cfg.env and cfg.episodes > 0:
-            live = _live_eval(replace(cfg, executor=cfg.executor or own[-1]), planners[-1], rd / "eval", progress)
-            rec["live_success_rate"] = _success_rate(live)
-        _mark_done(out, r, rec)
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        history.append(rec)
-    return history
+            live = live_eval(
+                replace(cfg, executor=cfg.executor or grounder),
+                planner,
+                executor or make_executor(replace(cfg, executor=grounder), cfg.app),
+                rd / "eval",
+                progress,
+            )
+            rec["live_success_rate"] = success_rate(live)
+        rounds.finish(r, rec)
+    return rounds.history
 
 
 def run(cfg: CoEPGConfig, progress: bool = True) -> list[dict]:
     if cfg.rounds > 0:
         return run_rounds(cfg, progress)
-    if cfg.env:
-        from .common import probe_env
-
-        cfg.app = probe_env(cfg.env).app
+    resolve_app(cfg)
     return [train_grpo(cfg, progress=progress)]
 
 

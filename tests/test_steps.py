@@ -1,5 +1,5 @@
-"""CODA's stage-1 reward (coda_agent.train.rewards.action_reward) on every action type, box edges, unparseable
-predictions and types that differ; and execute_plans, the coda agent's plan -> action path, batched. Fast tier:
+"""The labelling vocabulary: CODA's stage-1 reward (coda_agent.steps.action_reward) on every action type, box edges, unparseable
+predictions and types that differ; and steplevel.execute_plans, the coda agent's plan -> action path, batched. Fast tier:
 pure logic, plus a FAKE scripted executor model where only its words matter."""
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from coda_agent.train.rewards import (
+from coda_agent.steps import (
     DEFAULT_RADIUS,
     DEFAULT_SCALE,
     action_reward,
     action_type,  # noqa: E402
     canonical_steps,
-    execute_plans,
 )
 
 fast = pytest.mark.fast
@@ -170,6 +169,7 @@ class ScriptedUITars:
 @fast
 def test_execute_plans_goes_through_the_coda_agents_path_and_counts_failures():
     from coda_agent.executor import Executor
+    from coda_agent.train.steplevel import execute_plans
 
     shot = np.zeros((800, 1280, 3), np.uint8)
     model = ScriptedUITars(["click(start_box='(100,100)')", "nonsense", "nonsense"])

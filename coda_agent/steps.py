@@ -1,5 +1,6 @@
-"""CODA's stage-1 reward (arXiv 2508.20096): a sampled plan, turned into an action by the fixed executor, scored
-against the labelled positive action a_T of the state:
+"""The labelling vocabulary every layer shares: action types, the target's radius, and CODA's stage-1 reward
+(arXiv 2508.20096), which scores an action (a sampled plan, turned into an action by the fixed executor)
+against the labelled positive action a_T of a state:
 
     r = 1[type(a) = type(a_T)] + r_dist(a, a_T)        r_dist in [0, 1], and r = 0 when the types differ
 
@@ -21,25 +22,20 @@ r_dist, per step, averaged over the steps of an action:
 - scroll: 0 for another axis or direction, else 0.5 + 0.5 * min(|a|, |b|) / max(|a|, |b|) of the amounts.
 - DONE, FAIL, WAIT, sleep: 1.   ANS: 1 when the normalised answers match (numbers within 1e-6), else 0.
 
-`execute_plans` maps sampled planner answers to env actions through exactly the code path of the `coda`
-agent (coda_agent.executor.plans_to_actions), batched, counting what failed to parse.
+State datasets (coda_agent.states), the trainers (coda_agent.train) and the benchmarks read these; this module
+imports nothing of either.
 """
 
 from __future__ import annotations
 
 import difflib
-import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from coda_env.actions import ActionError, parse_action
 
-from ..executor import PlanExecutor, plans_to_actions
-from ..planner import PlanParseError, parse_plan
-
-log = logging.getLogger(__name__)
 
 DEFAULT_SCALE = 50.0  # pixels: the pointer score is exp(-1) = 0.37 at this distance outside the box
 DEFAULT_RADIUS = 20.0  # pixels: the target disc around a point that has no box
@@ -55,7 +51,7 @@ __all__ = [
     "action_reward",
     "action_type",
     "canonical_steps",
-    "execute_plans",
+    "POINTER_TYPES",
 ]
 
 
@@ -228,42 +224,3 @@ def action_reward(
         _step_score(p, t, b if i == first_pointer else None, scale, radius) for i, (p, t) in enumerate(zip(got, want))
     ]
     return 1.0 + sum(scores) / len(scores)
-
-
-# ------------------------------------------------------------------------------------------ plans -> actions
-def execute_plans(
-    executor: PlanExecutor, items: Sequence[tuple[str, str, Any]], stats: dict[str, int] | None = None
-) -> list[str | None]:
-    """Sampled planner answers -> env actions, batched, through the `coda` agent's own path from a plan to an
-    action (coda_agent.executor.plans_to_actions): the answer is parsed as the agent parses it (Thought /
-    Action; DONE, FAIL, WAIT and ANS are their own actions), every other step goes to the executor (UI-TARS
-    from a directory or an endpoint, or the a11y executor) in one batched call. items: (instruction, the
-    planner's answer text, observation: the env's observation dict or its screenshot). None where the answer
-    or the executor's output did not parse. `stats` (when given) accumulates counts: plans, terminal,
-    plan_parse_errors, executor_parse_errors; each batch's counts are also logged."""
-    counts = {"plans": len(items), "terminal": 0, "plan_parse_errors": 0, "executor_parse_errors": 0}
-    parsed = []
-    for instruction, text, obs in items:
-        try:
-            plan = parse_plan(text)
-        except PlanParseError:
-            plan = None
-            counts["plan_parse_errors"] += 1
-        else:
-            counts["terminal"] += bool(plan.terminal)
-        parsed.append((instruction, plan, obs))
-    results = plans_to_actions(executor, parsed)
-    actions = []
-    for (_, plan, _), res in zip(parsed, results):
-        if plan is not None and res.action is None:
-            counts["executor_parse_errors"] += 1
-        actions.append(res.action)
-    if stats is not None:
-        for k, v in counts.items():
-            stats[k] = stats.get(k, 0) + v
-    log.info(
-        "execute_plans: %(plans)d plans, %(terminal)d terminal, %(plan_parse_errors)d planner parse errors, "
-        "%(executor_parse_errors)d executor parse errors",
-        counts,
-    )
-    return actions
