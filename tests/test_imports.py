@@ -132,8 +132,12 @@ def test_no_method_file_imports_a_private_name_from_another_module():
     found = [
         (m, f"{t}.{n}")
         for m, t, n in _imports(AGENT)
-        if m.startswith("coda_agent.train") and t.startswith("coda_agent") and n and n.startswith("_")
-        and n != "__future__" and t != m
+        if m.startswith("coda_agent.train")
+        and t.startswith("coda_agent")
+        and n
+        and n.startswith("_")
+        and n != "__future__"
+        and t != m
     ]
     assert not found, found
 
