@@ -473,6 +473,57 @@ def _ground_sentence(
     return None
 
 
+def step_kind(text: str) -> tuple[str, str] | None:
+    """The action type and value a step in words states, read with this executor's own verb grammar but not
+    grounded (the first sentence that reads as a step, sentences that start with a verb first): click /
+    double-click / right-click / hover -> click, double_click, right_click, move with value ""; type 'x' ->
+    ("type", "x"); press ctrl+a -> ("key", "a ctrl"); scroll down -> ("scroll", "down"); drag -> ("drag", "").
+    None when no sentence reads as a step. Co-EPG's gate reads plans with it."""
+    for anchored in (True, False):
+        for sentence in _sentences(text):
+            found = _sentence_kind(sentence, anchored)
+            if found is not None:
+                return found
+    return None
+
+
+def _sentence_kind(s: str, anchored: bool) -> tuple[str, str] | None:
+    masked, quotes = _quoted(s)
+    fill = lambda t: _HOLE_RE.sub(lambda h: quotes[int(h.group(1))], t)  # noqa: E731
+    if _match(re.compile(_LEAD + r"select all\b", re.IGNORECASE), masked, anchored):
+        return "key", "a ctrl"
+    if _match(_DRAG, masked, anchored):
+        return "drag", ""
+    m = _match(_SCROLL, masked, anchored)
+    if m:
+        d = next(iter(re.findall(r"\b(up|down|left|right)\b", m.group(1).lower())), "down")
+        return "scroll", d
+    m = _match(_TYPE, masked, anchored)
+    if m and (quotes or m.group(1).lower() != "enter"):
+        rest = m.group(2)
+        hole = _HOLE_RE.search(rest)
+        if hole:
+            return "type", quotes[int(hole.group(1))]
+        mm = re.match(r"\s*(.+?)(?=\s+(?:into|in|on)\s+the\b|\s+and\s+(?:press|hit|then)\b|[.;]?\s*$)", rest, re.DOTALL)
+        return ("type", mm.group(1).strip()) if mm and mm.group(1).strip() else None
+    m = _match(_KEY, masked, anchored)
+    if m:
+        keys = _keys(re.split(r"\s+(?:to|so|in order|on the keyboard)\b|[,.;]", fill(m.group(2)), maxsplit=1)[0])
+        if keys:
+            return "key", " ".join(sorted(keys))
+    m = _match(_CLICK, masked, anchored)
+    if m:
+        verb = m.group(1).lower()
+        if verb.startswith("double"):
+            return "double_click", ""
+        if verb.startswith("right"):
+            return "right_click", ""
+        if verb.startswith(("hover", "move")):
+            return "move", ""
+        return "click", ""
+    return None
+
+
 @dataclass
 class A11yExecutor:
     """Grounds the planner's step in the accessibility table of the observation (`a11y_tree`); no model."""

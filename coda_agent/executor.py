@@ -48,6 +48,22 @@ def uitars_action(text: str, image_size: tuple[int, int], screen: tuple[int, int
     return to_env_action(actions, image_size, screen, coords)
 
 
+def uitars_conversation(instruction: str, thought: str, screenshot) -> Conversation:
+    """What UI-TARS is asked, as CODA's inference code asks it: its computer-use prompt with the screenshot as
+    the user turn, and an assistant turn that already starts `Thought: <thought>\nAction: ` for the model to
+    complete with the action. The executor and Co-EPG's grounding models (asked and fine-tuned) share it."""
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": prompts.uitars_prompt(instruction)},
+                {"type": "image", "image": screenshot},
+            ],
+        },
+        {"role": "assistant", "content": f"Thought: {thought}\nAction: "},
+    ]
+
+
 @dataclass
 class Executor:
     model: VLM
@@ -57,16 +73,7 @@ class Executor:
     params: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=128, temperature=1.0))
 
     def conversation(self, instruction: str, thought: str, screenshot: np.ndarray) -> Conversation:
-        return [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": prompts.uitars_prompt(instruction)},
-                    {"type": "image", "image": screenshot},
-                ],
-            },
-            {"role": "assistant", "content": f"Thought: {thought}\nAction: "},
-        ]
+        return uitars_conversation(instruction, thought, screenshot)
 
     def execute(self, items: Sequence[tuple[str, str, Any]]) -> list[ExecResult]:
         """items: (instruction, planner thought, observation or screenshot) per env. Failed parses are

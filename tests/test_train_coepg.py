@@ -288,6 +288,79 @@ def test_the_command_trains_once_with_a_real_grounding_model(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["grounder"] == str(grounder)
 
 
+def _warm_planner(tmp_path, rows, plans, name="warm", max_pixels=16 * 28 * 28, epochs=16):
+    """A tiny real planner taught the answer FORMAT: every plan of `plans` for every state (state-blind)."""
+    from coda_agent import states
+    from coda_agent.models import TransformersVLM
+    from coda_agent.tiny import build_tiny_qwen2_5_vl
+    from coda_agent.train.sft import Example, SFTConfig, finetune
+    from coda_agent.types import Sample
+
+    vlm = TransformersVLM(build_tiny_qwen2_5_vl(tmp_path / f"{name}_base", max_pixels=max_pixels))
+    warm = [
+        Example(r["task"], r["app"], 1, Sample("planner", states.planner_conversation(r, history_images=2), []), f"Action: {p}")
+        for r in rows
+        for p in plans
+    ]  # fmt: skip
+    finetune(SFTConfig(out=str(tmp_path / name), epochs=epochs, lr=1e-2, micro_batch=4, lora_r=0), vlm, warm, False)
+    return tmp_path / name / "planner"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_loop_regenerates_data_fine_tunes_both_models_trains_and_resumes(tmp_path):
+    """One Co-EPG round end to end on SYNTHETIC states (random screens, KAlgebra's tab table), with real tiny
+    models: D_0 written by the planner pool and verified by the verifier pool (the a11y verifier and the own
+    tiny grounding model), SFT of planner and grounding model on D_0 (TRL's SFTTrainer), GRPO under C-DREM, SFT
+    of the grounding model on the optimised planner's verified plans; the pools, |D_k|, the mean weights and the
+    held-out reward after the grounder's SFT are logged; a rerun resumes."""
+    from coda_agent.tiny import build_tiny_qwen2_5_vl
+    from coda_agent.train.coepg import run_rounds
+    from coda_agent.train.steplevel import load_states
+    from tests.test_train_coda import synthetic_states
+
+    data = synthetic_states(tmp_path / "states", n=2)
+    held = synthetic_states(tmp_path / "held", n=2)
+    rows = list(load_states([data])[0])
+    planner = _warm_planner(tmp_path, rows, ["Click '2D Graph'", "Click 'Dictionary'"], epochs=40)
+    grounder = build_tiny_qwen2_5_vl(tmp_path / "grounder", seed=1, max_pixels=16 * 28 * 28)
+    cfg = CoEPGConfig(
+        planner=str(planner),
+        grounder=str(grounder),
+        grounders=["a11y"],
+        data=[str(data)],
+        eval_data=[str(held)],
+        out=str(tmp_path / "run"),
+        rounds=1,
+        group_size=2,
+        states_per_step=2,
+        micro_batch=4,
+        max_steps=1,
+        max_new_tokens=10,
+        grounder_max_new_tokens=12,
+        lora_r=0,
+        eval_generations=2,
+        sft_plans=2,
+        sft_lr=1e-3,
+        sft_epochs=1,
+        save_steps=100,
+        seed=0,
+    )
+    history = run_rounds(cfg, progress=False)
+    rec = history[0]
+    rd = Path(cfg.out) / "round_00"
+    assert rec["data"] > 0 and rec["plans_verified"] == rec["data"] <= rec["plans_sampled"]
+    assert rec["planner_pool"] == [str(planner)] and rec["verifier_pool"] == ["fixed0", "own"]
+    for sub in ("planner_sft", "grounder_sft", "train"):
+        assert (rd / sub / ("model" if "sft" in sub else "planner") / "config.json").exists(), sub
+    assert rec["planner"] == str(rd / "train" / "planner")
+    assert "eval_reward_before" in rec and "eval_reward_after" in rec and 0.0 <= rec["eval_reward_final"] <= 1.0
+    assert set(rec["mean_weights"]) <= {"fixed0", "own", "own_prev1"}
+    lines = [json.loads(x) for x in (rd / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert any("cdrem/gate_pass_rate" in x for x in lines)
+    assert run_rounds(cfg, progress=False) == history  # a rerun resumes after the finished round
+
+
 # ------------------------------------------------------------------------------------------ learning
 TRAIN_TASKS = ["plot_parabola", "plot_abs_shift", "plot_circle_implicit", "plot_derivative"]
 HELD_OUT = ["plot_ln_squared", "plot_sine_scaled", "plot_with_tangent"]

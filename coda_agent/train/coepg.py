@@ -199,7 +199,7 @@ def plan_step(text: str) -> tuple[str, str] | None:
     press ctrl+a -> ("key", "a ctrl"); scroll down -> ("scroll", "down"); drag -> ("drag", ""); DONE / FAIL /
     WAIT -> ("done"|"fail"|"wait", ""); ANS x -> ("answer", "x"). None when the answer does not parse or
     states no step."""
-    from .. import a11y_executor as ax
+    from ..a11y_executor import step_kind
     from ..planner import PlanParseError, parse_plan
 
     try:
@@ -209,51 +209,7 @@ def plan_step(text: str) -> tuple[str, str] | None:
     if plan.terminal:
         word, _, rest = plan.terminal.partition(" ")
         return ("answer", rest.strip()) if word == "ANS" else (word.lower(), "")
-    for anchored in (True, False):
-        for sentence in ax._sentences(plan.action):
-            found = _read_sentence(sentence, anchored)
-            if found is not None:
-                return found
-    return None
-
-
-def _read_sentence(s: str, anchored: bool) -> tuple[str, str] | None:
-    from .. import a11y_executor as ax
-
-    masked, quotes = ax._quoted(s)
-    fill = lambda t: ax._HOLE_RE.sub(lambda h: quotes[int(h.group(1))], t)  # noqa: E731
-    if ax._match(re.compile(ax._LEAD + r"select all\b", re.IGNORECASE), masked, anchored):
-        return "key", "a ctrl"
-    if ax._match(ax._DRAG, masked, anchored):
-        return "drag", ""
-    m = ax._match(ax._SCROLL, masked, anchored)
-    if m:
-        d = next(iter(re.findall(r"\b(up|down|left|right)\b", m.group(1).lower())), "down")
-        return "scroll", d
-    m = ax._match(ax._TYPE, masked, anchored)
-    if m and (quotes or m.group(1).lower() != "enter"):
-        rest = m.group(2)
-        hole = ax._HOLE_RE.search(rest)
-        if hole:
-            return "type", quotes[int(hole.group(1))]
-        mm = re.match(r"\s*(.+?)(?=\s+(?:into|in|on)\s+the\b|\s+and\s+(?:press|hit|then)\b|[.;]?\s*$)", rest, re.DOTALL)
-        return ("type", mm.group(1).strip()) if mm and mm.group(1).strip() else None
-    m = ax._match(ax._KEY, masked, anchored)
-    if m:
-        keys = ax._keys(re.split(r"\s+(?:to|so|in order|on the keyboard)\b|[,.;]", fill(m.group(2)), maxsplit=1)[0])
-        if keys:
-            return "key", " ".join(sorted(keys))
-    m = ax._match(ax._CLICK, masked, anchored)
-    if m:
-        verb = m.group(1).lower()
-        if verb.startswith("double"):
-            return "double_click", ""
-        if verb.startswith("right"):
-            return "right_click", ""
-        if verb.startswith(("hover", "move")):
-            return "move", ""
-        return "click", ""
-    return None
+    return step_kind(plan.action)
 
 
 def gate(plan: tuple[str, str] | None, action_type: str, value: str) -> bool:
@@ -327,21 +283,11 @@ class Grounder(Protocol):
 
 
 def grounding_conversation(instruction: str, plan: str, screenshot) -> list[dict]:
-    """What a grounding model is asked: UI-TARS's computer-use prompt with the screenshot, and an answer that
-    already holds the plan as its thought (as CODA hands UI-TARS the planner's thought), ending at `Action:` so
-    that the model writes the action itself (the SFT targets are tokenized the same way)."""
-    from .. import prompts
+    """What a grounding model is asked: UI-TARS's own prompt with the plan as its thought, as CODA hands UI-TARS
+    the planner's thought (executor.uitars_conversation); its SFT answers continue the same prefill."""
+    from ..executor import uitars_conversation
 
-    return [
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": prompts.uitars_prompt(instruction)},
-                {"type": "image", "image": screenshot},
-            ],
-        },
-        {"role": "assistant", "content": f"Thought: {plan}\nAction:"},
-    ]
+    return uitars_conversation(instruction, plan, screenshot)
 
 
 _POINT_ARG = re.compile(r"(?:start_box|point|start_point)\s*=\s*(['\"])(.*?)\1", re.DOTALL)
