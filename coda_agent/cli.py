@@ -269,6 +269,9 @@ def _main(argv: list[str]) -> int:
             "the prm commands are: coda prm train --data STATES... --env ENV --out DIR [--base CKPT] | "
             "coda prm calibrate --data STATES... --prm DIR|URL"
         )
+        if argv[1:2] in (["-h"], ["--help"]):
+            print(f"{usage[0].upper()}{usage[1:]} (each with --help for its settings)")
+            return 0
         if argv[1:2] == ["train"]:
             q = _parser(
                 "coda prm train",
@@ -288,7 +291,7 @@ def _main(argv: list[str]) -> int:
             )
             add_prm_calibrate_arguments(q)
             if argv[1:2] != ["calibrate"]:
-                q.error(usage)
+                _parser("coda prm", "The process reward model.").error(usage)
             command, name = prm_calibrate, "prm calibrate"
         try:
             return command(q.parse_args(argv[2:]))

@@ -1182,7 +1182,7 @@ def add_train_arguments(p) -> None:
     p.add_argument(
         "--base",
         default=None,
-        help="the Qwen2.5-VL checkpoint directory the PRM starts from (default: --planner, the policy's own)",
+        help="the Qwen2.5-VL checkpoint directory the PRM starts from (none: --planner's, the policy's own)",
     )
     p.add_argument(
         "--tasks-dir", action="append", default=[], metavar="DIR", help="a folder of your own task files (repeatable)"
