@@ -367,6 +367,10 @@ def run_loop(a, name, method, start: str, executor: str, out: Path, yardstick, t
             eval_data=[str(a.held_out_path)],  # the method's own reward on the held-out states, before and after
             eval_generations=a.group_size,
             sft_plans=1,  # Co-EPG: one regenerated plan per pooled planner per state
+            # PRO-CUA: no trained PRM here, so its privileged ablation (the exact replay, reading the oracle),
+            # and round 0 on the oracle's states as coda's and co-epg's
+            scorer="replay",
+            oracle_states=True,
         ),
     )
     t0 = time.monotonic()

@@ -5,7 +5,7 @@
     coda eval ...                      run an agent over a task suite (`coda eval compare A B` diffs two runs)
     coda train METHOD ...              train (methods: coda_agent.train.METHODS)
     coda judge calibrate ...           the VLM judge against the checks of stored episodes
-    coda prm calibrate ...             the VLM process reward model against exact replays of states
+    coda prm train|calibrate ...       the process reward model: train it on exact replay labels; measure it
     coda import-scienceboard SRC OUT   ScienceBoard's task files as coda task files
     coda data states|show ...          state datasets (oracle replays, run folders) for step-level training
     coda serve ENV_ID --port N         serve an env as an OpenEnv environment (the openenv extra)
@@ -260,21 +260,43 @@ def _main(argv: list[str]) -> int:
             j.error("the judge command is: coda judge calibrate --runs RUN [RUN ...] --judge PATH_OR_URL")
         return main_calibrate(j.parse_args(argv[2:]))
     if argv[:1] == ["prm"]:
-        from .train.procua import add_calibrate_arguments as add_prm_arguments
-        from .train.procua import main_calibrate as prm_calibrate
+        from .prm import add_calibrate_arguments as add_prm_calibrate_arguments
+        from .prm import add_train_arguments as add_prm_train_arguments
+        from .prm import main_calibrate as prm_calibrate
+        from .prm import main_train as prm_train
 
-        q = _parser(
-            "coda prm calibrate",
-            "Score candidate steps at stored states with a VLM process reward model and with the exact "
-            "replay scorer (PRO-CUA); compare them: agreement, precision, recall, per app.",
+        usage = (
+            "the prm commands are: coda prm train --data STATES... --env ENV --out DIR [--base CKPT] | "
+            "coda prm calibrate --data STATES... --prm DIR|URL"
         )
-        add_prm_arguments(q)
-        if argv[1:2] != ["calibrate"]:
-            q.error("the prm command is: coda prm calibrate --data STATES... --prm PATH_OR_URL")
+        if argv[1:2] in (["-h"], ["--help"]):
+            print(f"{usage[0].upper()}{usage[1:]} (each with --help for its settings)")
+            return 0
+        if argv[1:2] == ["train"]:
+            q = _parser(
+                "coda prm train",
+                "Train a process reward model (PRO-CUA's reward): a Qwen2.5-VL checkpoint that answers YES or NO to "
+                "'is this candidate step a good next step?', fine-tuned on exact replay labels of candidate steps "
+                "(the labelled action and the other clickable elements, optionally planner samples) at the states "
+                "of train-split tasks. Writes a checkpoint, prm.json and labels.jsonl to --out.",
+            )
+            add_prm_train_arguments(q)
+            command, name = prm_train, "prm train"
+        else:
+            q = _parser(
+                "coda prm calibrate",
+                "Score candidate steps at stored states with a process reward model (a `coda prm train` folder, or "
+                "a prompted VLM) and with the exact replay scorer; compare them: agreement, precision, recall, "
+                "the majority-class rate, per app.",
+            )
+            add_prm_calibrate_arguments(q)
+            if argv[1:2] != ["calibrate"]:
+                _parser("coda prm", "The process reward model.").error(usage)
+            command, name = prm_calibrate, "prm calibrate"
         try:
-            return prm_calibrate(q.parse_args(argv[2:]))
+            return command(q.parse_args(argv[2:]))
         except user_errors as e:
-            return _fail("prm calibrate", e)
+            return _fail(name, e)
     if argv[:1] == ["data"]:
         from .states import add_arguments as add_data_arguments
 
@@ -326,7 +348,9 @@ def _main(argv: list[str]) -> int:
         )
     )
     sub.add_parser("judge", help="coda judge calibrate: the VLM judge against stored episodes' checks")
-    sub.add_parser("prm", help="coda prm calibrate: the VLM process reward model against exact replays")
+    sub.add_parser(
+        "prm", help="coda prm train|calibrate: the process reward model, trained on and measured against exact replays"
+    )
     sub.add_parser("import-scienceboard", help="convert ScienceBoard's task files into coda task files")
     sub.add_parser("data", help="coda data states|show: state datasets for step-level training")
     sub.add_parser("serve", help="coda serve ENV_ID --port N: an env as an OpenEnv environment (WebSocket)")

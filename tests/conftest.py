@@ -83,3 +83,15 @@ def _fast_tier_starts_no_x(request, monkeypatch):
             raise AssertionError("a `fast` test must not start Xvfb: use backend='fake'")
 
         monkeypatch.setattr(LocalDesktop, "start", refuse)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test. On the shared 2-core test machine two threads under other sessions'
+    load ran a tiny model's training steps about 7x slower than one (measured: 421 s against 64 s for the same
+    PRM fit), their barrier waits stalling whenever a thread is descheduled."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

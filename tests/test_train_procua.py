@@ -1,12 +1,12 @@
 """`coda train pro-cua`: PRO-CUA's process rewards on the step-level GRPO core (TRL's GRPOTrainer).
 
-Fast tier (marker `fast`: no X server, seconds): per-state advantages, the PRM's score parsing and its FAKE-model
-path (a scripted model, named as such), the state distance, the reward's logged scalars, the command's flags and
-errors. The rest runs the real KAlgebra env: the replay scorer gives the same score on repeated replays of a
-prefix, `coda prm calibrate` on real oracle states with a real tiny Qwen2.5-VL PRM, one collect -> score ->
-optimise round with resume, and the learning test: a tiny real planner warmed up to write one of four plans,
-one PRO-CUA round (live collection on 4 tasks of the 2D-graph family, replay-scored GRPO) raises its mean
-process reward on the states of 3 held-out tasks."""
+The scorers themselves (the PRM, the replay) are tested in test_prm.py. Fast tier (marker `fast`: no X server,
+seconds): per-state advantages, the reward's logged scalars, the command's flags and errors. The rest runs the
+real KAlgebra env: the default path (a trained tiny PRM) through `coda train pro-cua` on task files that have no
+oracle solution at all; one collect -> score -> optimise round with the replay scorer and resume; and the
+learning test: a tiny real planner warmed up to write one of four plans, one PRO-CUA round (live collection on 4
+tasks of the 2D-graph family, replay-scored GRPO) raises its mean process reward on the states of 3 held-out
+tasks."""
 
 from __future__ import annotations
 
@@ -19,27 +19,19 @@ import pytest
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 
-from coda_agent.models import Generation  # noqa: E402
 from coda_agent.train import METHODS  # noqa: E402
 from coda_agent.train.procua import (  # noqa: E402
-    Candidate,
     ProcessReward,
     ProcuaConfig,
-    ReplayScorer,
     StepScore,
-    VLMPRM,
     agreement_rate,
-    measure,
-    oracle_runs,
-    parse_score,
     state_advantages,
-    state_distance,
 )
 
 fast = pytest.mark.fast
 ENV = "coda/KAlgebra-v0"
 
-# A SYNTHETIC accessibility table (KAlgebra's tab bar and its 2D function input), for the distance tests.
+# A SYNTHETIC accessibility table (KAlgebra's tab bar and its 2D function input), for the reward's test.
 TABLE = (
     "role\tname\ttext\tx,y,w,h\tstates\n"
     "page tab list\t2D Graph\t\t0,39,335,27\tenabled,focused,showing\n"
@@ -65,41 +57,6 @@ def test_state_advantages_are_relative_to_each_states_group():
         state_advantages([1.0, 0.0, 1.0], 2)
 
 
-# ------------------------------------------------------------------------------------------ the PRM
-@fast
-def test_parse_score_reads_scores_and_refuses_the_malformed():
-    cases = {
-        "The tab is right.\nSCORE: 0.8": 0.8,
-        "**Score:** .5": 0.5,
-        "score = 1": 1.0,
-        "Score: 7/10": 0.7,
-        "SCORE: 80%": 0.8,
-        "SCORE: 0.2\nOn reflection...\nSCORE: 0.9": 0.9,  # the last one wins
-        "SCORE: 0": 0.0,
-        "SCORE: 1.5": None,  # outside [0, 1]
-        "SCORE: 3/0": None,
-        "SCORE: <a number between 0 and 1>": None,  # the echoed template
-        "I think it is good.": None,
-        "": None,
-        "__import__('os').system('true')": None,  # text, matched by a regular expression, never run
-    }
-    for text, want in cases.items():
-        assert parse_score(text) == (pytest.approx(want) if want is not None else None), text
-
-
-class FakePRMModel:
-    """FAKE model for fast tests: answers each prompt with the next scripted text (the models' `generate`)."""
-
-    name = "fake-prm"
-
-    def __init__(self, texts):
-        self.texts, self.prompts = list(texts), []
-
-    def generate(self, conversations, params):
-        self.prompts += conversations
-        return [Generation(self.texts.pop(0)) for _ in conversations]
-
-
 def _state(**kw):
     import numpy as np
 
@@ -121,65 +78,6 @@ def _state(**kw):
         "a11y": TABLE,
     }
     return {**rec, **kw}
-
-
-@fast
-def test_vlm_prm_scores_parses_and_falls_back():
-    model = FakePRMModel(["SCORE: 0.9", "no verdict", "SCORE: 0.2", "SCORE: 0.4"])
-    prm = VLMPRM(model, samples=2, fallback=0.25)
-    st = _state()
-    out = prm.score(
-        [
-            Candidate(st, "pyautogui.click(125, 53)", "Action: Click '2D Graph'"),
-            Candidate(st, None, "gibberish"),  # no action: 0, not asked
-            Candidate(st, "pyautogui.press('enter')", "Action: Press enter"),
-        ]
-    )
-    assert [o.score for o in out] == pytest.approx([0.9, 0.0, 0.3])  # one readable sample; the mean of two
-    assert out[1].details == {"asked": False}
-    assert len(model.prompts) == 4  # 2 candidates x 2 samples, one batched call
-    text = model.prompts[0][1]["content"][1]["text"]
-    assert "plot f(x) = x^2" in text and "Click the 'Calculator' tab" in text and "Click '2D Graph'" in text
-    assert model.prompts[0][1]["content"][0]["image"].shape == (800, 1280, 3)  # the current screen
-    unreadable = VLMPRM(FakePRMModel(["nothing", "at all"]), samples=2, fallback=0.25).score([Candidate(st, "DONE")])
-    assert unreadable[0].score == 0.25 and unreadable[0].details["fallback"]
-
-
-# ------------------------------------------------------------------------------------------ the distance
-@fast
-def test_state_distance_over_checked_state_and_a11y_rows():
-    state = {"tab": "2D Graph", "functions_2d": []}
-    a = measure(state, TABLE)
-    assert state_distance(a, a) == 0.0
-    moved = TABLE.replace("998,62,278,30", "990,60,270,30")  # geometry is left out
-    unfocused = TABLE.replace("enabled,focused,showing\npage tab\t2D", "enabled,showing\npage tab\t2D")
-    assert state_distance(a, measure(state, moved)) == 0.0
-    assert state_distance(a, measure(state, unfocused)) == 0.0  # a container's focus flag is left out
-    field = measure(state, TABLE.replace("editable,enabled,showing", "editable,enabled,focused,showing"))
-    assert state_distance(a, field) == pytest.approx(0.5 * (1 - 3 / 5))  # an input field's focus counts
-    plotted = measure({"tab": "2D Graph", "functions_2d": [{"name": "f0", "expression": "x^2"}]}, TABLE)
-    # paths: /functions_2d#len (differs), /functions_2d/0/expression and /name (one side only), /tab (same)
-    assert state_distance(a, plotted) == pytest.approx(0.5 * 3 / 4)
-    assert 0 < state_distance(a, measure({"tab": "3D Graph"}, "")) <= 1
-
-
-@fast
-def test_oracle_runs_are_the_oracle_states_steps():
-    """The replay prefix of an oracle state (its first step - 1 oracle actions) is what states.oracle_states
-    performs: its labels are those actions without their sleeps."""
-    from coda_env.tasks import load_tasks
-
-    from coda_agent.states import split_action
-
-    task = load_tasks("kalgebra")["plot_parabola"]
-    runs = oracle_runs(task, (1280, 800))
-    assert runs == [
-        "pyautogui.click(125, 53)",
-        "pyautogui.click(1137, 77)",
-        "pyautogui.write('x^2')\npyautogui.press('enter')",
-        "DONE",
-    ]
-    assert [lbl for a in task.solution for lbl in split_action(a)] == runs
 
 
 # ------------------------------------------------------------------------------------------ the reward
@@ -240,7 +138,13 @@ def test_help_shows_every_setting_with_its_default(capsys):
     for f in dataclasses.fields(ProcuaConfig):
         assert f"--{f.name.replace('_', '-')}" in text, f.name
         assert f.metadata.get("help"), f.name
-    for shown in ("--scorer SCORER the process reward: replay", "(default: replay)", "(default: runs/pro-cua)"):
+    for shown in (
+        "--scorer SCORER the process reward: prm",
+        "privileged: reads the tasks' oracle solutions; never the default) (default: prm)",
+        "--oracle-states, --no-oracle-states",
+        "(privileged: reads the oracle) (default: False)",
+        "(default: runs/pro-cua)",
+    ):
         assert shown in text, shown
 
 
@@ -248,92 +152,28 @@ def test_help_shows_every_setting_with_its_default(capsys):
 def test_errors_are_one_line_and_exit_code_2(tmp_path, capsys):
     from coda_agent.cli import main
 
+    (tmp_path / "bare").mkdir()
     cases = {
-        "prm scorer without a prm": (["train", "pro-cua", "--scorer", "prm", "--data", "x"], "--prm"),
-        "replay without an env": (["train", "pro-cua", "--data", "x"], "--env"),
+        "the default scorer without a prm": (["train", "pro-cua", "--data", "x"], "--prm"),
+        "a missing prm": (["train", "pro-cua", "--data", "x", "--prm", str(tmp_path / "no")], "is not a directory"),
+        "a prm folder of nothing": (["train", "pro-cua", "--data", "x", "--prm", str(tmp_path / "bare")], "prm.json"),
+        "replay without an env": (["train", "pro-cua", "--scorer", "replay", "--data", "x"], "--env"),
         "a judge": (["train", "pro-cua", "--judge", "http://h:1"], "no --judge"),
-        "prm calibrate: missing prm": (
-            ["prm", "calibrate", "--data", "x", "--prm", str(tmp_path / "no")],
-            "is not a directory",
-        ),
     }
     for name, (argv, needle) in cases.items():
         assert main(argv) == 2, name
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err, (name, err)
-    with pytest.raises(SystemExit) as e:
-        main(["prm", "judge"])
-    assert e.value.code == 2
-    assert "coda prm calibrate --data" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ real env
-@pytest.fixture(scope="module")
-def parabola_states(tmp_path_factory):
-    from coda_agent import states
-
-    path = tmp_path_factory.mktemp("procua") / "parabola"
-    states.build(states.oracle_states(ENV, ["plot_parabola", "tab_3d_graph"]), path)
-    return path
-
-
-def test_replay_scorer_gives_the_same_score_on_repeated_replays(parabola_states):
-    """The same action after the same prefix, replayed in fresh episodes (and by a second scorer with its own
-    env), scores the same; the scores say what the step did."""
-    from coda_agent.train.steplevel import load_states
-
-    ds, _ = load_states([parabola_states])
-    by_id = {r["id"]: r for r in ds}
-    s1, s3 = by_id["oracle:plot_parabola:1"], by_id["oracle:plot_parabola:3"]
-    cands = [
-        Candidate(s1, "pyautogui.click(125, 53)"),  # the oracle's step: reaches the oracle's next state
-        Candidate(s1, "pyautogui.click(207, 53)"),  # the wrong tab
-        Candidate(s1, "DONE"),  # premature
-        Candidate(s3, "pyautogui.write('x^2')\npyautogui.press('enter')"),  # completes the task (prefix of 2)
-        Candidate(s3, "pyautogui.write('x^3')\npyautogui.press('enter')"),  # another curve
-    ]
-    first, second = ReplayScorer(ENV), ReplayScorer(ENV)
-    try:
-        a = [s.score for s in first.score(cands)]
-        first._cache.clear()
-        first._before.clear()
-        b = [s.score for s in first.score(cands)]  # replayed again in the same env
-        c = [s.score for s in second.score(cands)]  # and in another env
-        print(f"replay scores {[round(x, 3) for x in a]}; {first.replays} replays in {first.seconds:.1f} s")
-    finally:
-        first.close()
-        second.close()
-    assert a == b == c
-    assert a[0] == 0.5 and a[2] == 0.0 and a[3] == 1.0
-    assert a[1] < 0.25 and a[4] < 0.5
-    assert first._env is None and second._env is None  # closed: their desktops are gone
-
-
-def test_prm_calibrate_on_real_states(parabola_states, tmp_path, capsys):
-    """`coda prm calibrate` with a real tiny Qwen2.5-VL PRM (random weights: its answers hold no SCORE, so
-    every candidate falls back to 0) against the replay on real KAlgebra oracle states."""
-    from coda_agent.cli import main
-    from coda_agent.tiny import build_tiny_qwen2_5_vl
-
-    prm = build_tiny_qwen2_5_vl(tmp_path / "prm")
-    out = tmp_path / "report.json"
-    argv = ["prm", "calibrate", "--data", str(parabola_states), "--prm", str(prm), "--candidates", "2"]
-    assert main([*argv, "--max-new-tokens", "4", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    print(text)
-    report = json.loads(out.read_text())
-    assert report["candidates"] == 6 * 2  # 6 states, 2 candidates each (its label and another state's)
-    k = report["by_app"]["kalgebra"]
-    assert k["n"] == 12 and k["tp"] == k["fp"] == 0  # the PRM said no good step anywhere (fallback 0)
-    assert k["fn"] >= 6 - 1  # the oracle's own steps replay as good ones (the field click is a no-op here)
-    assert k["agreement"] == pytest.approx((k["tn"]) / 12)
-    assert "app:kalgebra" in text and "overall" in text
 
 
 @pytest.mark.timeout(900)
 def test_round_collects_scores_optimises_and_resumes(tmp_path):
-    """One round on the real env: the tiny planner runs tab_3d_graph live, every visited state is stored
-    with its replay prefix and a11y table, GRPO with the replay reward runs; a rerun does not redo it."""
+    """One round on the real env with the (privileged) replay scorer and the oracle's states: the tiny planner
+    runs tab_3d_graph live, every visited state is stored with its replay prefix and a11y table, GRPO with the
+    replay reward runs; a rerun does not redo it."""
     from datasets import load_from_disk
 
     from coda_agent.tiny import build_tiny_qwen2_5_vl
@@ -343,6 +183,8 @@ def test_round_collects_scores_optimises_and_resumes(tmp_path):
         planner=str(build_tiny_qwen2_5_vl(tmp_path / "tiny")),
         executor="a11y",
         rounds=1,
+        scorer="replay",
+        oracle_states=True,
         env=ENV,
         tasks=["tab_3d_graph"],
         episodes=1,
@@ -371,6 +213,90 @@ def test_round_collects_scores_optimises_and_resumes(tmp_path):
     assert {"replay/score_mean", "replay/hist_0", "planner/parse_error_rate"} <= set(step)
     assert (out / "round_00" / "train" / "planner" / "config.json").exists()
     assert run_rounds(cfg, progress=False) == history  # finished rounds are not redone
+
+
+def _solutionless_tasks(folder, ids):
+    """Copies of shipped KAlgebra task files with their `solution` removed (and ids of their own, which a user
+    folder needs): tasks that hold no golden answer for anything to read."""
+    from pathlib import Path
+
+    import coda_env
+
+    src = Path(coda_env.__file__).parent / "apps" / "kalgebra" / "tasks"
+    folder.mkdir()
+    for tid in ids:
+        data = json.loads((src / f"{tid}.json").read_text())
+        data.pop("solution")
+        data["id"] = f"nosol_{tid}"
+        (folder / f"nosol_{tid}.json").write_text(json.dumps(data))
+    return [f"nosol_{t}" for t in ids]
+
+
+@pytest.mark.timeout(900)
+def test_default_path_trains_on_tasks_without_solutions(tmp_path, monkeypatch, capsys, one_torch_thread):
+    """`coda train pro-cua` with its default scorer (a trained tiny ClassifierPRM) on task files that have no
+    `solution` at all, through the CLI: it collects live, rebuilds the states from the agent's own actions,
+    scores with the PRM and runs GRPO, and writes its metrics; anything that reached for an oracle (its
+    actions, its states, the replay scorer's oracle path) would raise here."""
+    import time
+
+    from datasets import load_from_disk
+
+    import coda_agent.prm
+    import coda_agent.states
+    from coda_agent import states
+    from coda_agent.cli import main
+    from coda_agent.prm import train_prm
+    from coda_agent.models import TransformersVLM
+    from coda_agent.tiny import build_tiny_qwen2_5_vl
+    from coda_agent.train.sft import Example, SFTConfig, finetune
+    from coda_agent.types import Sample
+    from coda_env.tasks import load_tasks
+
+    tiny = str(build_tiny_qwen2_5_vl(tmp_path / "tiny"))
+    # the PRM's own training data may be privileged: replay labels at a shipped task's first state
+    first = [r for r in states.oracle_states(ENV, ["tab_3d_graph"]) if r["step"] == 1]
+    states.build(first, tmp_path / "prm_data")
+    train_prm([tmp_path / "prm_data"], ENV, tmp_path / "prm", tiny, epochs=1, lr=1e-3, candidates=2)
+    # a planner warmed up to write plans the a11y executor grounds (a random one writes none): the PRM is asked
+    vlm = TransformersVLM(tiny)
+    conv = states.planner_conversation(first[0], history_images=2)
+    warm = [Example("tab_3d_graph", "kalgebra", 1, Sample("planner", conv, []), f"Action: {p}") for p in PLANS[:2]]
+    finetune(SFTConfig(out=str(tmp_path / "warm"), epochs=60, lr=1e-2, micro_batch=2, lora_r=0), vlm, warm, False)
+    planner = str(tmp_path / "warm" / "planner")
+
+    ids = _solutionless_tasks(tmp_path / "tasks", ["tab_3d_graph", "plot_parabola"])
+    monkeypatch.setenv("CODA_TASKS_PATH", str(tmp_path / "tasks"))
+    tasks = load_tasks("kalgebra")
+    assert all(tasks[t].solution == [] for t in ids)
+
+    def no_oracle(*a, **k):
+        raise AssertionError("the default PRO-CUA path reached for a task's oracle")
+
+    monkeypatch.setattr(coda_agent.prm, "oracle_runs", no_oracle)
+    monkeypatch.setattr(coda_agent.prm.ReplayScorer, "oracle_path", no_oracle)
+    monkeypatch.setattr(coda_agent.states, "oracle_states", no_oracle)
+    out = tmp_path / "run"
+    argv = ["train", "pro-cua", "--planner", planner, "--executor", "a11y", "--prm", str(tmp_path / "prm")]
+    argv += ["--env", ENV, "--tasks", *ids, "--rounds", "1", "--episodes", "1", "--episode-steps", "1"]
+    argv += ["--num-envs", "1", "--group-size", "2", "--states-per-step", "2", "--micro-batch", "4"]
+    argv += ["--max-steps", "1", "--max-new-tokens", "16", "--lora-r", "4", "--lora-alpha", "8", "--save-steps", "1"]
+    t0 = time.monotonic()
+    assert main([*argv, "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+    seconds = time.monotonic() - t0
+    print(capsys.readouterr().out, f"\nsolution-less coda train pro-cua: {seconds:.0f} s")
+    config = json.loads((out / "config.json").read_text())
+    assert config["scorer"] == "prm" and config["oracle_states"] is False and not config["compare_replay"]
+    rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert rec["round"] == 0 and rec["states"] == 2 and "replays" not in rec  # the 2 live states, no replay scorer
+    lines = [json.loads(x) for x in (out / "round_00" / "train" / "metrics.jsonl").read_text().splitlines()]
+    step = next(x for x in lines if "rewards/process_reward/mean" in x)
+    assert {"prm/score_mean", "prm/parse_failure_rate"} <= set(step) and not any(k.startswith("replay/") for k in step)
+    assert step["executor/no_action_rate"] < 1.0  # plans grounded in the live states' a11y tables, and scored
+    assert 0.0 < step["prm/score_mean"] < 1.0 and step["prm/parse_failure_rate"] == 0.0
+    live = load_from_disk(str(out / "round_00" / "states"))
+    assert all(t.startswith("role\tname") for t in live["a11y"]) and set(live["prefix"]) == {"[]"}
+    assert (out / "round_00" / "train" / "planner" / "config.json").exists()
 
 
 # ------------------------------------------------------------------------------------------ learning
@@ -411,6 +337,7 @@ def test_one_round_raises_the_process_reward_on_held_out_states(tmp_path):
     cfg = ProcuaConfig(
         planner=str(tmp_path / "warm" / "planner"),
         executor="a11y",
+        scorer="replay",
         env=ENV,
         tasks=TRAIN_TASKS,
         rounds=1,
