@@ -280,7 +280,8 @@ def method_rewards(args, cfg, states, tmp: Path) -> list | None:
 
         return [CDREMReward([TransformersGrounder(path, name="grounder", device=args.device)], [2.0])]
     from coda_agent.train.coda import make_executor
-    from coda_agent.train.procua import VLMPRM, ProcessReward
+    from coda_agent.prm import VLMPRM
+    from coda_agent.train.procua import ProcessReward
 
     row = states[0]
     screen = tuple(row["screen"]) or (1280, 800)

@@ -379,12 +379,12 @@ def state_distance(a: Measure, b: Measure) -> float:
 def oracle_runs(task, screen: tuple[int, int]) -> list[str]:
     """The env actions of a task's oracle, one per executor-sized step, exactly as `states.oracle_states`
     performs them (its records' step n comes after the first n - 1 of these). Reads the task's solution."""
-    from .states import _pieces
+    from .states import executor_steps
 
     runs: list[str] = []
     carry = ""
     for action in task.solution:
-        got = _pieces(action, screen)
+        got = executor_steps(action, screen)
         if not got:
             carry = f"{carry}\n{action}".strip()
             continue

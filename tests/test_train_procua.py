@@ -20,13 +20,8 @@ torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 
 from coda_agent.train import METHODS  # noqa: E402
-from coda_agent.train.procua import (  # noqa: E402
-    ProcessReward,
-    ProcuaConfig,
-    StepScore,
-    agreement_rate,
-    state_advantages,
-)
+from coda_agent.prm import StepScore, agreement_rate  # noqa: E402
+from coda_agent.train.procua import ProcessReward, ProcuaConfig, state_advantages  # noqa: E402
 
 fast = pytest.mark.fast
 ENV = "coda/KAlgebra-v0"
@@ -158,7 +153,7 @@ def test_errors_are_one_line_and_exit_code_2(tmp_path, capsys):
         "a missing prm": (["train", "pro-cua", "--data", "x", "--prm", str(tmp_path / "no")], "is not a directory"),
         "a prm folder of nothing": (["train", "pro-cua", "--data", "x", "--prm", str(tmp_path / "bare")], "prm.json"),
         "replay without an env": (["train", "pro-cua", "--scorer", "replay", "--data", "x"], "--env"),
-        "a judge": (["train", "pro-cua", "--judge", "http://h:1"], "no --judge"),
+        "an unknown scorer": (["train", "pro-cua", "--scorer", "oracle", "--data", "x"], "prm | replay"),
     }
     for name, (argv, needle) in cases.items():
         assert main(argv) == 2, name

@@ -36,44 +36,40 @@ quarter of [0, 1]), `prm/parse_failure_rate`, `replay/score_mean|std`, `scorer/a
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from ..prm import (  # noqa: F401  (the scorers' names stay importable from here, for older callers)
-    PRM_QUESTION,
-    PRM_SYSTEM,
+from ..prm import (
     Candidate,
-    ClassifierPRM,
-    Measure,
     ProcessScorer,
-    ReplayError,
     ReplayScorer,
     StateReplayer,
-    StepScore,
-    VLMPRM,
-    add_calibrate_arguments,
     agreement_rate,
-    calibrate,
     load_prm,
-    main_calibrate,
-    measure,
-    oracle_runs,
-    parse_score,
-    prm_conversation,
     score_stats,
-    state_distance,
-    state_prefix,
 )
-from .coda import CodaConfig, make_executor, resolve_app, run_trainer
-from .common import Method, opt, write_config
+from ..states import state_observation
+from .common import Method, opt
+from .steplevel import (
+    Rounds,
+    StepLevelConfig,
+    build_trainer,
+    completion_rows,
+    execute_plans,
+    load_states,
+    make_executor,
+    oracle_state_paths,
+    resolve_app,
+    run_trainer,
+)
 
 # ------------------------------------------------------------------------------------------ settings
 
 
 @dataclass
-class ProcuaConfig(CodaConfig):
-    """`coda train pro-cua`: CODA's step-level settings (the trainer, sampling, vLLM, rounds) plus the scorers."""
+class ProcuaConfig(StepLevelConfig):
+    """`coda train pro-cua`: the step-level settings (the trainer, sampling, vLLM, rounds) plus the scorers."""
 
     out: str = opt(
         "runs/pro-cua",
@@ -113,11 +109,6 @@ class ProcuaConfig(CodaConfig):
     oracle_states: bool = opt(
         False, "round 0 also trains on the states of the tasks' oracle replays (privileged: reads the oracle)"
     )
-    # CODA's settings that PRO-CUA does not use (the reward is the process scorer's; every state is collected)
-    reward_scale: float = opt(50.0, "not used by pro-cua (CODA's click-distance scale)")
-    judge: list[str] = opt([], "not used by pro-cua (every visited state is collected, successful or not)")
-    threshold: float = opt(0.5, "not used by pro-cua (CODA's judge threshold)")
-    launcher: str | None = opt(None, "not used by pro-cua (its rounds run in one process)")
 
 
 # ------------------------------------------------------------------------------------------ advantages
@@ -190,20 +181,13 @@ class ProcessReward:
         self.executor, self.scorer, self.other, self.positive = executor, scorer, other, positive
 
     def candidates(self, rows: Sequence[dict], texts: Sequence[str], counts: dict | None = None) -> list[Candidate]:
-        from ..states import state_observation
-        from .rewards import execute_plans
-
         actions = execute_plans(
             self.executor, [(r["instruction"], t, state_observation(r)) for r, t in zip(rows, texts)], counts
         )
         return [Candidate(r, a, t) for r, t, a in zip(rows, texts, actions)]
 
     def __call__(self, prompts, completions, log_metric=None, **columns) -> list[float]:
-        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-        rows = [
-            {k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(texts)}
-            for i in range(len(texts))
-        ]
+        texts, rows = completion_rows(completions, columns)
         counts: dict[str, int] = {}
         cands = self.candidates(rows, texts, counts)
         main = self.scorer.score(cands)
@@ -267,8 +251,6 @@ def load_prefixed(paths: Sequence[str | Path], app: str | None = None):
     states, `coda data states`) given an empty one (the replay derives theirs), so that all share features."""
     from datasets import Value, concatenate_datasets
 
-    from .steplevel import load_states
-
     parts = []
     for p in paths:
         ds, app = load_states([p], app)
@@ -295,9 +277,12 @@ def build_states(records: Sequence[dict], path: Path):
     return ds
 
 
-def collect(cfg: ProcuaConfig, planner: str, out: Path, replayer: StateReplayer, progress: bool = True) -> dict:
-    """The current policy live over the tasks (a `coda eval` run in OUT/collect, resumable), then every state
-    it visited as a dataset (OUT/states). Returns the run's summary."""
+def collect(
+    cfg: ProcuaConfig, planner: str, executor, out: Path, replayer: StateReplayer, progress: bool = True
+) -> dict:
+    """The current policy (the planner + the run's executor, or --agent uitars) live over the tasks (a `coda
+    eval` run in OUT/collect, resumable), then every state it visited as a dataset (OUT/states). Returns the
+    run's summary."""
     from ..eval import run_eval
     from ..models import SamplingParams
     from ..policy import make_agent
@@ -311,7 +296,7 @@ def collect(cfg: ProcuaConfig, planner: str, out: Path, replayer: StateReplayer,
             env.app,
             env.screen,
             planner=planner,
-            executor=make_executor(cfg, env.app, env.screen),
+            executor=executor,
             history_images=cfg.history_images,
             seed=cfg.seed,
             model_options={"device": cfg.device} if cfg.device else {},
@@ -359,30 +344,24 @@ def train_once(
     progress: bool = True,
     extra_log: dict | None = None,
     scorers: tuple | None = None,
+    executor=None,
 ) -> dict:
-    """One GRPO run with the process reward over state datasets (CODA's trainer, `build_trainer`, with PRO-CUA's
-    reward in place of CODA's). `scorers` (reward's, other) are built from cfg when None, and then closed."""
-    from .coda import build_trainer
-
+    """One GRPO run with the process reward over state datasets (steplevel.build_trainer with PRO-CUA's reward).
+    `scorers` (reward's, other) are built from cfg when None, and then closed; `executor` likewise."""
     out = Path(out or cfg.out)
     own = scorers is None
     scorer, other = scorers if scorers is not None else make_scorers(cfg)
     try:
         train_states, app = load_prefixed(cfg.data, cfg.app)
         eval_states = load_prefixed(cfg.eval_data, app)[0] if cfg.eval_data else None
-        screen = tuple(train_states.select_columns(["screen"])[0]["screen"]) or (1280, 800)
-        executor = make_executor(cfg, app, screen)
+        if executor is None:
+            screen = tuple(train_states.select_columns(["screen"])[0]["screen"]) or (1280, 800)
+            executor = make_executor(cfg, app, screen)
         reward = ProcessReward(executor, scorer, other, cfg.positive)
         trainer = build_trainer(
-            cfg,
-            out,
-            executor=executor,
-            train_states=train_states,
-            eval_states=eval_states,
-            progress=progress,
+            cfg, out, [reward], train_states=train_states, eval_states=eval_states, progress=progress,
             extra_log=extra_log,
-            reward_funcs=[reward],
-        )
+        )  # fmt: skip
         summary = run_trainer(trainer, cfg, out, base=cfg.planner, extra_log=extra_log)
         if isinstance(scorer, ReplayScorer) or isinstance(other, ReplayScorer):
             r = scorer if isinstance(scorer, ReplayScorer) else other
@@ -398,7 +377,6 @@ def train_once(
 def run_rounds(cfg: ProcuaConfig, progress: bool = True) -> list[dict]:
     """collect -> score -> optimise, K rounds, resumable per round (see the module's docstring). Returns one
     record per round: the collecting planner's live success, the states, the held-out reward before/after."""
-    from .coda import _finished_rounds, _mark_done, _round_dir
     from .common import probe_env
 
     if not cfg.env:
@@ -407,68 +385,50 @@ def run_rounds(cfg: ProcuaConfig, progress: bool = True) -> list[dict]:
     unknown = [t for t in (cfg.tasks or []) if t not in env.tasks]
     if unknown:
         raise ValueError(f"unknown tasks for {cfg.env}: {unknown}")
-    cfg.app = env.app
+    resolve_app(cfg)
     if not cfg.planner or not (Path(cfg.planner) / "config.json").exists():
         raise ValueError(f"--planner {cfg.planner!r} is not a checkpoint directory (no config.json)")
-    make_executor(cfg, env.app, env.screen)  # a wrong --executor fails now, not after a collection
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(out, cfg)
-    done = _finished_rounds(out)
-    history: list[dict] = []
+    executor = make_executor(cfg, env.app, env.screen)  # built once: a wrong --executor fails now
+    rounds = Rounds(cfg.out, cfg)
     planner = cfg.planner
     scorer, other = make_scorers(cfg)
     # the collected states' a11y tables come from replaying the agent's own actions (a replay scorer is one too)
     replayer = next((s for s in (scorer, other) if isinstance(s, StateReplayer)), None) or StateReplayer(cfg.env)
     try:
         for r in range(cfg.rounds):
-            rd = _round_dir(out, r)
-            if r in done:
-                history.append(done[r])
-                planner = done[r]["planner"]
+            rd = rounds.dir(r)
+            if (done := rounds.done(r)) is not None:
+                planner = done["planner"]
                 continue
-            live = collect(cfg, planner, rd, replayer, progress)
+            live = collect(cfg, planner, executor, rd, replayer, progress)
             data = [str(rd / "states")]
-            if r == 0 and cfg.oracle_states:
-                oracle = out / "oracle_states"
-                if not (oracle / "dataset_info.json").exists():
-                    from .. import states
-
-                    states.build(states.oracle_states(cfg.env, cfg.tasks, history_images=cfg.history_images), oracle)
-                data.append(str(oracle))
+            if r == 0 and cfg.oracle_states:  # privileged: off by default
+                data += oracle_state_paths(cfg, rounds.out)
             data += list(cfg.data)
-            rcfg = ProcuaConfig(
-                **{**asdict(cfg), "data": data, "planner": planner, "rounds": 0, "out": str(rd / "train")}
+            rcfg = replace(cfg, data=data, planner=planner, rounds=0, out=str(rd / "train"))
+            rec_train = train_once(
+                rcfg, progress=progress, extra_log={"round": r}, scorers=(scorer, other), executor=executor
             )
-            rec_train = train_once(rcfg, progress=progress, extra_log={"round": r}, scorers=(scorer, other))
             planner = str(rd / "train" / "planner")
-            rec = {
-                "round": r,
-                "planner": planner,
-                "collect_success_rate": float(live["overall"]["rate"]),
-                "states": rec_train.get("states"),
-                "steps": rec_train.get("steps"),
-                **{
-                    k: rec_train[k]
-                    for k in ("eval_reward_before", "eval_reward_after", "replays", "replay_seconds")
-                    if k in rec_train
+            keep = ("eval_reward_before", "eval_reward_after", "replays", "replay_seconds")
+            rounds.finish(
+                r,
+                {
+                    "round": r,
+                    "planner": planner,
+                    "collect_success_rate": float(live["overall"]["rate"]),
+                    "states": rec_train.get("states"),
+                    "steps": rec_train.get("steps"),
+                    **{k: rec_train[k] for k in keep if k in rec_train},
                 },
-            }
-            _mark_done(out, r, rec)
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            history.append(rec)
+            )
     finally:
         for s in {id(x): x for x in (scorer, other, replayer) if x is not None}.values():
             s.close()
-    return history
+    return rounds.history
 
 
 def run(cfg: ProcuaConfig, progress: bool = True) -> list[dict]:
-    if cfg.judge or cfg.launcher:
-        raise ValueError(
-            "pro-cua collects every visited state (no --judge) and runs its rounds in one process (no --launcher)"
-        )
     if cfg.rounds > 0:
         return run_rounds(cfg, progress)
     resolve_app(cfg)
