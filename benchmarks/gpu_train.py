@@ -322,7 +322,7 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_train: no CUDA device here (use --model tiny --device cpu for a CPU smoke run)", file=sys.stderr)
         return 2
-    from coda_agent.train.coda import build_trainer
+    from coda_agent.train import coda, steplevel
     from coda_agent.train.steplevel import load_states
 
     if args.data:
@@ -337,16 +337,12 @@ def main(argv=None) -> int:
         rewards = method_rewards(args, cfg, states, Path(tmp))
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        trainer = build_trainer(
-            cfg,
-            Path(args.out),
-            model=model,
-            processor=processor,
-            train_states=states,
-            progress=False,
-            extra_rewards=[SyntheticReward(model.config.get_text_config().vocab_size)],
-            reward_funcs=rewards,
-        )
+        synthetic = SyntheticReward(model.config.get_text_config().vocab_size)
+        common = dict(model=model, processor=processor, train_states=states, progress=False)
+        if rewards is None:  # CODA's own reward through the executor
+            trainer = coda.build_trainer(cfg, Path(args.out), extra_rewards=[synthetic], **common)
+        else:
+            trainer = steplevel.build_trainer(cfg, Path(args.out), [*rewards, synthetic], **common)
         before = lora_weights(trainer.model)
         t1 = time.monotonic()
         trainer.train()
