@@ -322,7 +322,7 @@ def test_the_loop_regenerates_data_fine_tunes_both_models_trains_and_resumes(tmp
     data = synthetic_states(tmp_path / "states", n=2)
     held = synthetic_states(tmp_path / "held", n=2)
     rows = list(load_states([data])[0])
-    planner = _warm_planner(tmp_path, rows, ["Click '2D Graph'", "Click 'Dictionary'"], epochs=40)
+    planner = _warm_planner(tmp_path, rows, ["Click '2D Graph'", "Click 'Dictionary'"], epochs=60)
     grounder = build_tiny_qwen2_5_vl(tmp_path / "grounder", seed=1, max_pixels=16 * 28 * 28)
     cfg = CoEPGConfig(
         planner=str(planner),
@@ -336,11 +336,11 @@ def test_the_loop_regenerates_data_fine_tunes_both_models_trains_and_resumes(tmp
         states_per_step=2,
         micro_batch=4,
         max_steps=1,
-        max_new_tokens=10,
+        max_new_tokens=12,
         grounder_max_new_tokens=12,
         lora_r=0,
         eval_generations=2,
-        sft_plans=2,
+        sft_plans=6,
         sft_lr=1e-3,
         sft_epochs=1,
         save_steps=100,
