@@ -127,6 +127,25 @@ def test_a_statement_the_desktop_refuses_names_itself_and_the_env_stays_usable()
     env.close()
 
 
+def test_the_screen_settles_between_the_statements_of_one_action():
+    """A key sent the instant after a click reached KAlgebra before it had handled the click (a click, ctrl+a,
+    backspace erased one character, 1 time in 5): the env looks at the screen between statements."""
+    env = make()
+    env.reset(options={"task": "fake_type_42"})
+    desk = env.unwrapped.desktop
+    log: list[str] = []
+    shot, inp = desk.screenshot, desk.input
+    desk.screenshot = lambda: log.append("shot") or shot()
+    desk.input = lambda a: log.append(a.kind) or inp(a)
+    env.step("pyautogui.click(5, 5)\npyautogui.hotkey('ctrl', 'a')\npyautogui.press('backspace')")
+    kinds = [e for e in log if e != "shot"]
+    assert kinds == ["click", "hotkey", "press"], log
+    for a, b in zip(kinds, kinds[1:]):
+        between = log[log.index(a) + 1 : log.index(b)]
+        assert "shot" in between, (a, b, log)
+    env.close()
+
+
 def test_structured_samples_never_raise():
     env = make(action_mode="structured")
     env.reset(options={"task": "fake_click_twice"}, seed=0)
