@@ -460,7 +460,8 @@ def calibrate(runs: Sequence[Path], judge: Judge, batch: int = 8, progress: bool
     }
 
 
-def _fmt(v: float | None) -> str:
+def percent(v: float | None) -> str:
+    """A rate as the calibration reports print it (a dash for none)."""
     return "    -" if v is None else f"{v:>5.1%}"
 
 
@@ -471,8 +472,8 @@ def print_report(report: dict) -> None:
     )
     for name, g in [*((f"app:{a}", g) for a, g in report["by_app"].items()), ("overall", report["overall"])]:
         print(
-            f"{name:<16}{g['n']:>5}{g['tp']:>5}{g['fp']:>5}{g['fn']:>5}{g['tn']:>5}{_fmt(g['precision']):>11}"
-            f"{_fmt(g['recall']):>8}{_fmt(g['agreement']):>8}{g['abstained']:>9}"
+            f"{name:<16}{g['n']:>5}{g['tp']:>5}{g['fp']:>5}{g['fn']:>5}{g['tn']:>5}{percent(g['precision']):>11}"
+            f"{percent(g['recall']):>8}{percent(g['agreement']):>8}{g['abstained']:>9}"
         )
     if report["skipped"]:
         print(f"skipped {len(report['skipped'])} episodes (see the report's 'skipped')")

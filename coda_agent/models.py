@@ -482,7 +482,9 @@ class OpenAIVLM:
 
 
 def load_model(spec: str, model_name: str | None = None, **options) -> VLM:
-    """`spec` is an http(s):// base URL of an OpenAI-compatible server, or a local checkpoint directory."""
+    """`spec` is an http(s):// base URL of an OpenAI-compatible server, or a local checkpoint directory. Options
+    that only a local model takes (device, dtype) are dropped for an endpoint."""
     if spec.startswith(("http://", "https://")):
+        options = {k: v for k, v in options.items() if k not in ("device", "dtype")}
         return OpenAIVLM(spec, model=model_name, **options)
     return TransformersVLM(spec, name=model_name, **options)

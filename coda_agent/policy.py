@@ -311,14 +311,12 @@ A11Y_EXECUTOR = "a11y"  # --executor a11y: grounds the planner's step in the acc
 
 
 def _load(spec, model_name: str | None, options: dict[str, Any]):
-    """A model from a spec: a local checkpoint directory or an http(s):// endpoint (options that only a local
-    model takes, device and dtype, are dropped for an endpoint); a model object is used as it is."""
+    """A model from a spec (models.load_model: a local checkpoint directory or an http(s):// endpoint); a model
+    object is used as it is."""
     from .models import load_model
 
     if not isinstance(spec, str):
         return spec
-    if spec.startswith(("http://", "https://")):
-        options = {k: v for k, v in options.items() if k not in ("device", "dtype")}
     return load_model(spec, model_name, **options)
 
 

@@ -180,9 +180,9 @@ class VLMPRM:
         device: str | None = None,
     ):
         if isinstance(model, str):
-            from .policy import _load
+            from .models import load_model
 
-            model = _load(model, model_name, {"device": device} if device else {})
+            model = load_model(model, model_name, **({"device": device} if device else {}))
         if not 0.0 <= fallback <= 1.0:
             raise ValueError(f"--prm-fallback {fallback} is not in [0, 1]")
         self.model = model
@@ -379,19 +379,9 @@ def state_distance(a: Measure, b: Measure) -> float:
 def oracle_runs(task, screen: tuple[int, int]) -> list[str]:
     """The env actions of a task's oracle, one per executor-sized step, exactly as `states.oracle_states`
     performs them (its records' step n comes after the first n - 1 of these). Reads the task's solution."""
-    from .states import executor_steps
+    from .states import solution_steps
 
-    runs: list[str] = []
-    carry = ""
-    for action in task.solution:
-        got = executor_steps(action, screen)
-        if not got:
-            carry = f"{carry}\n{action}".strip()
-            continue
-        if carry:
-            got[0], carry = (got[0][0], f"{carry}\n{got[0][1]}"), ""
-        runs += [run for _, run in got]
-    return runs
+    return [run for _, run in solution_steps(task, screen)]
 
 
 def state_prefix(record: dict, tasks: dict, screen: tuple[int, int]) -> list[str]:
@@ -632,44 +622,14 @@ _NOT_CLICKABLE = frozenset(
 )
 
 
-def _saved_empty(folder: Path) -> bool:
-    """A dataset saved with no rows: `datasets` writes it as no data files, which load_from_disk cannot read."""
-    try:
-        return json.loads((folder / "state.json").read_text()).get("_data_files") == []
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def load_rows(paths: Sequence[str | Path]) -> list[dict]:
     """The rows of state datasets (`coda data states`, or collected by `coda train pro-cua --rounds`), of any
     app. Errors are one-line ValueErrors naming the folder."""
-    from datasets import load_from_disk
-
-    from .states import COLUMNS
+    from .states import load_checked
 
     if not paths:
         raise ValueError("no state dataset: give --data DIR (made by `coda data states ...`)")
-    rows: list[dict] = []
-    for p in map(Path, paths):
-        if not p.exists():
-            raise ValueError(f"state dataset {str(p)!r} does not exist (make one with `coda data states ...`)")
-        if _saved_empty(p):
-            raise ValueError(f"{p} holds no states")
-        try:
-            ds = load_from_disk(str(p))
-        except (FileNotFoundError, ValueError, OSError) as e:
-            raise ValueError(
-                f"{p} is not a state dataset saved by `coda data states`: {str(e).splitlines()[0]}"
-            ) from None
-        if not hasattr(ds, "column_names"):
-            raise ValueError(f"{p} holds several splits; give one split's folder")
-        missing = [c for c in COLUMNS if c != "a11y" and c not in ds.column_names]
-        if missing:
-            raise ValueError(f"{p} is not a state dataset: columns {missing} are missing")
-        if len(ds) == 0:
-            raise ValueError(f"{p} holds no states")
-        rows += [dict(r) for r in ds]
-    return rows
+    return [dict(r) for p in paths for r in load_checked(p)]
 
 
 def element_candidates(record: dict, k: int, seed: int = 0) -> list[Candidate]:
@@ -799,10 +759,10 @@ def label_candidates(
         _check_tasks(rows, replay)
         plan_model = plan_executor = None
         if planner is not None and plans > 0:
-            from .policy import _load
+            from .models import load_model
             from .policy import make_executor as agents_executor
 
-            plan_model = _load(planner, None, {"device": device} if device else {})
+            plan_model = load_model(planner, None, **({"device": device} if device else {}))
             plan_executor = agents_executor(executor, replay.screen)
         cands = state_candidates(rows, candidates, seed, plan_model, plan_executor, plans)
         scores = replay.score(cands)
@@ -1109,7 +1069,7 @@ def add_calibrate_arguments(p) -> None:
 
 
 def main_calibrate(args) -> int:
-    from .judge import _fmt
+    from .judge import percent
 
     if (args.planner is None) != (args.executor is None):
         raise ValueError("--planner and --executor go together (the planner's plans need the executor)")
@@ -1131,10 +1091,10 @@ def main_calibrate(args) -> int:
     try:
         planner = executor = None
         if args.planner:
-            from .policy import _load
+            from .models import load_model
             from .policy import make_executor as agents_executor
 
-            planner = _load(args.planner, None, {"device": args.device} if args.device else {})
+            planner = load_model(args.planner, None, **({"device": args.device} if args.device else {}))
             executor = agents_executor(args.executor, replay.screen)
         t0 = time.monotonic()
         report = calibrate(
@@ -1159,8 +1119,8 @@ def main_calibrate(args) -> int:
     )
     for name, g in [*((f"app:{a}", g) for a, g in report["by_app"].items()), ("overall", report["overall"])]:
         print(
-            f"{name:<16}{g['n']:>5}{g['tp']:>5}{g['fp']:>5}{g['fn']:>5}{g['tn']:>5}{_fmt(g['precision']):>11}"
-            f"{_fmt(g['recall']):>8}{_fmt(g['agreement']):>8}{_fmt(g['majority']):>10}"
+            f"{name:<16}{g['n']:>5}{g['tp']:>5}{g['fp']:>5}{g['fn']:>5}{g['tn']:>5}{percent(g['precision']):>11}"
+            f"{percent(g['recall']):>8}{percent(g['agreement']):>8}{percent(g['majority']):>10}"
         )
     o = report["overall"]
     print(

@@ -324,10 +324,12 @@ def oracle_states(
         env.close()
 
 
-def _replay(env, task, screen, history_images: int, radius: float) -> tuple[list[dict], str | None]:
-    obs, info = env.reset(options={"task": task.id})
+def solution_steps(task, screen: tuple[int, int]) -> list[tuple[str, str]]:
+    """A task's oracle solution as (label, code to perform) per executor-sized step (`executor_steps` of each
+    action), an action of sleeps only performed with the next step: the steps `oracle_states` records, and
+    what a replay of an oracle state performs."""
     pieces: list[tuple[str, str]] = []
-    carry = ""  # an action of sleeps only: performed with the next step
+    carry = ""
     for action in task.solution:
         got = executor_steps(action, screen)
         if not got:
@@ -336,6 +338,12 @@ def _replay(env, task, screen, history_images: int, radius: float) -> tuple[list
         if carry:
             got[0], carry = (got[0][0], f"{carry}\n{got[0][1]}"), ""
         pieces += got
+    return pieces
+
+
+def _replay(env, task, screen, history_images: int, radius: float) -> tuple[list[dict], str | None]:
+    obs, info = env.reset(options={"task": task.id})
+    pieces = solution_steps(task, screen)
     history: list[dict] = []
     shots: list[dict] = []
     records = []
@@ -481,6 +489,39 @@ def load(path: str | Path):
     if missing:
         raise ValueError(f"{p} is not a state dataset: it lacks the columns {missing}")
     return ds
+
+
+def load_checked(path: str | Path):
+    """One state dataset folder for training or scoring (the trainers' `load_states`, the PRM's `load_rows`):
+    `datasets.load_from_disk` with its problems as one-line ValueErrors naming the folder (missing, not a
+    dataset, several splits, columns missing (the optional a11y aside), no rows)."""
+    from datasets import load_from_disk
+
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"state dataset {str(p)!r} does not exist (make one with `coda data states ...`)")
+    if _saved_empty(p):
+        raise ValueError(f"{p} holds no states")
+    try:
+        ds = load_from_disk(str(p))
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise ValueError(f"{p} is not a state dataset saved by `coda data states`: {str(e).splitlines()[0]}") from None
+    if hasattr(ds, "keys") and not hasattr(ds, "column_names"):  # a DatasetDict
+        raise ValueError(f"{p} holds several splits ({', '.join(ds.keys())}); give one split's folder")
+    missing = [c for c in COLUMNS if c != "a11y" and c not in ds.column_names]
+    if missing:
+        raise ValueError(f"{p} is not a state dataset: columns {missing} are missing")
+    if len(ds) == 0:
+        raise ValueError(f"{p} holds no states")
+    return ds
+
+
+def _saved_empty(folder: Path) -> bool:
+    """A dataset saved with no rows: `datasets` writes it as no data files, which load_from_disk cannot read."""
+    try:
+        return json.loads((folder / "state.json").read_text()).get("_data_files") == []
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # ------------------------------------------------------------------------------------------ prompts

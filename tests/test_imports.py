@@ -25,7 +25,8 @@ def _module(path: Path) -> str:  # the dotted name of a file in either package
 
 
 def _imports(pkg: Path = PKG):
-    """(module, imported module or name, is the name private) for every import of the package's modules."""
+    """(module, imported module, imported name or None for a plain `import X`) for every import of the
+    package's modules, at the top and inside functions alike."""
     mods = {_module(p): p for p in pkg.rglob("*.py")}
     for mod, path in mods.items():
         package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
@@ -45,26 +46,14 @@ def _imports(pkg: Path = PKG):
 
 
 def _graph(pkg: Path = PKG) -> dict[str, set[str]]:
-    mods = {_module(p): p for p in pkg.rglob("*.py")}
+    """Module -> the package's modules it imports (a `from X import name` counts X, and X.name where that is a
+    module)."""
+    mods = {_module(p) for p in pkg.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in mods}
-    for mod, path in mods.items():
-        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                names = [f"{target}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                target, names = "", [a.name for a in node.names]
-            else:
-                continue
-            for t in [target, *names]:
-                if t in mods and t != mod:
-                    graph[mod].add(t)
+    for mod, target, name in _imports(pkg):
+        for t in (target, f"{target}.{name}") if name else (target,):
+            if t in mods and t != mod:
+                graph[mod].add(t)
     return graph
 
 

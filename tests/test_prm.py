@@ -36,35 +36,9 @@ from coda_agent.prm import (  # noqa: E402
 
 fast = pytest.mark.fast
 ENV = "coda/KAlgebra-v0"
-# The KAlgebra task splits the PRM tests (and other sessions) use. Their first correct steps differ: the '2D
-# Graph' tab, the '3D Graph' tab, the 'Dictionary' tab, the Calculator's console input; the instruction names which.
-PRM_TRAIN = [
-    "plot_with_tangent",
-    "plot_derivative",
-    "plot3d_cone",
-    "tab_3d_graph",
-    "dict_factorial",
-    "calc_factorial_10",
-    "calc_gcd_lcm",
-]
-POLICY_TRAIN = [
-    "plot_parabola",
-    "plot_abs_shift",
-    "plot_circle_implicit",
-    "plot3d_gaussian",
-    "dict_conjugate_from_graph",
-    "calc_hypotenuse",
-    "calc_sum_squares",
-]
-HELD_OUT = [
-    "plot_ln_squared",
-    "plot_sine_scaled",
-    "plot3d_sphere",
-    "plot3d_saddle",
-    "dict_gcd",
-    "calc_power",
-    "calc_log2_3",
-]
+# The KAlgebra task splits the step-level learning tests share (tests/learning.py): their first correct steps
+# differ (the '2D Graph' tab, the '3D Graph' tab, the 'Dictionary' tab, the Calculator's console input).
+from tests.learning import HELD_OUT, POLICY_TRAIN, PRM_TRAIN  # noqa: E402, F401
 
 # A SYNTHETIC accessibility table (KAlgebra's tab bar and its 2D function input).
 TABLE = (

@@ -26,14 +26,7 @@ from coda_agent.train.procua import ProcessReward, ProcuaConfig, state_advantage
 fast = pytest.mark.fast
 ENV = "coda/KAlgebra-v0"
 
-# A SYNTHETIC accessibility table (KAlgebra's tab bar and its 2D function input), for the reward's test.
-TABLE = (
-    "role\tname\ttext\tx,y,w,h\tstates\n"
-    "page tab list\t2D Graph\t\t0,39,335,27\tenabled,focused,showing\n"
-    "page tab\t2D Graph\t\t85,39,82,27\tenabled,focused,showing\n"
-    "page tab\t3D Graph\t\t167,39,82,27\tenabled,showing\n"
-    "text\t\t\t998,62,278,30\teditable,enabled,showing\n"
-)
+from tests.test_prm import _state  # noqa: E402  (a SYNTHETIC state: a black screen, KAlgebra's tab bar)
 
 
 # ------------------------------------------------------------------------------------------ advantages
@@ -50,29 +43,6 @@ def test_state_advantages_are_relative_to_each_states_group():
     assert b == pytest.approx([-0.5 / (0.5 + 1e-4), 0.5 / (0.5 + 1e-4), 0.0, 0.0])
     with pytest.raises(ValueError, match="whole number of groups"):
         state_advantages([1.0, 0.0, 1.0], 2)
-
-
-def _state(**kw):
-    import numpy as np
-
-    from coda_agent import states
-
-    rec = {
-        "id": "synthetic:1",
-        "app": "kalgebra",
-        "task": "plot_parabola",
-        "step": 1,
-        "source": "synthetic",
-        "instruction": "In KAlgebra's 2D Graph, plot f(x) = x^2.",
-        "history": json.dumps([{"thought": "", "action": "Click the 'Calculator' tab"}]),
-        "images": [states._png(np.zeros((800, 1280, 3), np.uint8))],
-        "target": "pyautogui.click(125, 53)",
-        "box": [85, 39, 166, 65],
-        "radius": 20.0,
-        "screen": [1280, 800],
-        "a11y": TABLE,
-    }
-    return {**rec, **kw}
 
 
 # ------------------------------------------------------------------------------------------ the reward

@@ -57,6 +57,7 @@ from .steplevel import (
     build_trainer,
     completion_rows,
     execute_plans,
+    live_eval,
     load_states,
     make_executor,
     oracle_state_paths,
@@ -283,55 +284,16 @@ def collect(
     """The current policy (the planner + the run's executor, or --agent uitars) live over the tasks (a `coda
     eval` run in OUT/collect, resumable), then every state it visited as a dataset (OUT/states). Returns the
     run's summary."""
-    from ..eval import run_eval
-    from ..models import SamplingParams
-    from ..policy import make_agent
-    from .common import probe_env
-
-    env = probe_env(cfg.env, cfg.episode_steps)
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.live_temperature, top_p=cfg.top_p)
     if cfg.agent == "coda":
-        agent = make_agent(
-            "coda",
-            env.app,
-            env.screen,
-            planner=planner,
-            executor=executor,
-            history_images=cfg.history_images,
-            seed=cfg.seed,
-            model_options={"device": cfg.device} if cfg.device else {},
-            planner_params=params,
-        )
+        policy = executor
     elif cfg.agent == "uitars":
         if not cfg.collector:
             raise ValueError("--agent uitars needs --collector PATH_OR_URL (the UI-TARS model that collects)")
-        agent = make_agent(
-            "uitars",
-            env.app,
-            env.screen,
-            executor=cfg.collector,
-            history_images=cfg.history_images,
-            seed=cfg.seed,
-            model_options={"device": cfg.device} if cfg.device else {},
-            planner_params=params,
-        )
+        policy = cfg.collector
     else:
         raise ValueError(f"--agent {cfg.agent!r}: coda | uitars")
-    env_kwargs = dict(env.kwargs)
-    if getattr(agent, "wants_a11y_tree", False):
-        env_kwargs["a11y_tree"] = True
-    summary = run_eval(
-        cfg.env,
-        agent,
-        out / "collect",
-        task_ids=cfg.tasks,
-        episodes=cfg.episodes,
-        num_envs=cfg.num_envs,
-        seed=cfg.seed,
-        env_kwargs=env_kwargs,
-        progress=progress,
-        config={"planner": planner, "agent": cfg.agent, "collector": cfg.collector, "executor": cfg.executor},
-    )
+    config = {"planner": planner, "agent": cfg.agent, "collector": cfg.collector, "executor": cfg.executor}
+    summary = live_eval(cfg, planner, policy, out / "collect", progress, agent=cfg.agent, config=config)
     if not (out / "states" / "dataset_info.json").exists():
         build_states(collected_states(out / "collect", replayer, cfg.history_images), out / "states")
     return summary

@@ -42,7 +42,6 @@ from transformers.processing_utils import ProcessorMixin
 from ..executor import PlanExecutor, plans_to_actions
 from ..models import VISION_TOKENS, Conversation, to_pil
 from ..planner import PlanParseError, parse_plan
-from ..states import COLUMNS
 from .common import TrainConfig, opt, write_config
 
 log = logging.getLogger(__name__)
@@ -137,10 +136,6 @@ class StepLevelConfig(TrainConfig):
     live_temperature: float = opt(1.0, "planner temperature in the live runs")
 
 
-# The columns a state dataset (coda_agent.states) must have: all but the optional a11y table.
-STATE_COLUMNS = tuple(c for c in COLUMNS if c != "a11y")
-
-
 # ------------------------------------------------------------------------------------------ the processor
 class ImageTextProcessor(Qwen2_5_VLProcessor):
     """Qwen2.5-VL's processor for images and text only: the tokenizer and the image processor of a checkpoint
@@ -180,28 +175,16 @@ class ImageTextProcessor(Qwen2_5_VLProcessor):
 def load_states(paths: Sequence[str | Path], app: str | None = None):
     """Load and concatenate state datasets (`datasets.save_to_disk` folders). Every dataset must hold states of
     one app, `app` when given. Returns (dataset, app). Errors are ValueErrors of one line."""
-    from datasets import concatenate_datasets, load_from_disk
+    from datasets import concatenate_datasets
+
+    from ..states import load_checked
 
     if not paths:
         raise ValueError("no state dataset: give --data DIR (made by `coda data states ...`)")
     parts = []
     apps: dict[str, str] = {}
     for p in map(Path, paths):
-        if not p.exists():
-            raise ValueError(f"state dataset {str(p)!r} does not exist (make one with `coda data states ...`)")
-        try:
-            ds = load_from_disk(str(p))
-        except (FileNotFoundError, ValueError, OSError) as e:
-            raise ValueError(
-                f"{p} is not a state dataset saved by `coda data states`: {str(e).splitlines()[0]}"
-            ) from None
-        if hasattr(ds, "keys") and not hasattr(ds, "column_names"):  # a DatasetDict
-            raise ValueError(f"{p} holds several splits ({', '.join(ds.keys())}); give one split's folder")
-        missing = [c for c in STATE_COLUMNS if c not in ds.column_names]
-        if missing:
-            raise ValueError(f"{p} is not a state dataset: columns {missing} are missing")
-        if len(ds) == 0:
-            raise ValueError(f"{p} holds no states")
+        ds = load_checked(p)
         for a in set(ds.unique("app")):
             apps.setdefault(a, str(p))
         parts.append(ds)
@@ -681,17 +664,27 @@ def throughput(trainer) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ the loop
-def live_eval(cfg: StepLevelConfig, planner: str, executor, out: Path, progress: bool) -> dict:
-    """The planner + the run's executor over cfg.env's tasks, live: a `coda eval` run (resumable) -> its results
-    (`success_rate` reads the overall figure)."""
+def live_eval(
+    cfg: StepLevelConfig,
+    planner: str,
+    executor,
+    out: Path,
+    progress: bool,
+    agent: str = "coda",
+    config: dict | None = None,
+) -> dict:
+    """A policy live over cfg.env's tasks: a `coda eval` run (resumable) -> its results (`success_rate` reads
+    the overall figure). `agent` "coda": the planner + the run's executor; "uitars": UI-TARS end to end
+    (`executor` is then its checkpoint or endpoint, and `planner` is not used). `config` is recorded with the
+    run (default: the planner and the executor)."""
     from ..eval import run_eval
     from ..models import SamplingParams
     from ..policy import make_agent
     from .common import probe_env
 
     env = probe_env(cfg.env, cfg.episode_steps)
-    agent = make_agent(
-        "coda",
+    policy = make_agent(
+        agent,
         env.app,
         env.screen,
         planner=planner,
@@ -704,11 +697,11 @@ def live_eval(cfg: StepLevelConfig, planner: str, executor, out: Path, progress:
         ),
     )
     env_kwargs = dict(env.kwargs)
-    if getattr(agent, "wants_a11y_tree", False):
+    if getattr(policy, "wants_a11y_tree", False):
         env_kwargs["a11y_tree"] = True
     return run_eval(
         cfg.env,
-        agent,
+        policy,
         out,
         task_ids=cfg.tasks,
         episodes=cfg.episodes,
@@ -716,7 +709,7 @@ def live_eval(cfg: StepLevelConfig, planner: str, executor, out: Path, progress:
         seed=cfg.seed,
         env_kwargs=env_kwargs,
         progress=progress,
-        config={"planner": planner, "executor": cfg.executor},
+        config=config if config is not None else {"planner": planner, "executor": cfg.executor},
     )
 
 
