@@ -63,6 +63,8 @@ def _tasks(args: argparse.Namespace) -> int:
         close = difflib.get_close_matches(args.app, APPS, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise CommandError(f"unknown app {args.app!r}{hint} (known: {', '.join(sorted(APPS))})")
+    if args.families:
+        return _families(args.app)
     dirs = [str(Path(d).resolve()) for d in args.tasks_dir]
     for tid, task in load_tasks(args.app, dirs).items():
         origin = "" if task.origin == "coda" else f"  [{task.origin}]"
@@ -72,6 +74,27 @@ def _tasks(args: argparse.Namespace) -> int:
         print(f"\n{len(broken)} broken task file(s), left out:")
         for path, why in broken.items():
             print(f"  {why}")
+    return 0
+
+
+def _families(app: str) -> int:
+    from coda_env.families import SPLITS, families, split_sizes
+
+    fams = families(app)
+    if not fams:
+        print(f"{app} registers no task families")
+        return 0
+    sample = 2000
+    print(
+        f"{'family':<20}{'instances':>10}  "
+        + "".join(f"{s:>7}" for s in SPLITS)
+        + f"  (distinct, first {sample} seeds)"
+    )
+    for name, fam in fams.items():
+        sizes = split_sizes(fam, sample)
+        print(f"{name:<20}{fam.size:>10}  " + "".join(f"{sizes[s]:>7}" for s in SPLITS) + f"  {fam.describe}")
+        print(" " * 22 + "; ".join(f"{k}: {v}" for k, v in fam.space.items()))
+    print("\ninstances are ids FAMILY/SEED; gym.make(..., tasks='families', split='train') draws them")
     return 0
 
 
@@ -339,6 +362,9 @@ def _main(argv: list[str]) -> int:
         default=[],
         metavar="DIR",
         help="a folder of your own task files (repeatable; also CODA_TASKS_PATH)",
+    )
+    t.add_argument(
+        "--families", action="store_true", help="list the app's task families: parameter space, size, splits"
     )
     from .eval import add_arguments
 

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from coda_env.backends import BACKENDS
-from coda_env.runs import check_config, load_finished, read_jsonl
+from coda_env.runs import check_config, episode_name, load_finished, read_jsonl
 
 from .policy import Agent
 from .rollout import RunRecorder, make_env_pool, make_vector_env, run_episodes, step_record, unbatch_info  # noqa: F401
@@ -199,12 +199,12 @@ def print_table(summary: dict, out: Path | None = None) -> None:
         f"\n{summary['env']}  agent={summary['agent']}  wall={summary['wall_seconds']}s  "
         f"mean steps={summary['mean_steps']}  parse errors={summary['parse_errors']}"
     )
-    print(f"{'group':<24}{'episodes':>9}{'solved':>8}{'rate':>8}")
+    print(f"{'group':<34}{'episodes':>9}{'solved':>8}{'rate':>8}")
     for section in SECTIONS:
         for k, v in summary.get(section, {}).items():
-            print(f"{section[3:] + ':' + k:<24}{v['n']:>9}{v['success']:>8}{v['rate']:>8.0%}")
+            print(f"{section[3:] + ':' + k:<34}{v['n']:>9}{v['success']:>8}{v['rate']:>8.0%}")
     o = summary["overall"]
-    print(f"{'overall':<24}{o['n']:>9}{o['success']:>8}{o['rate']:>8.0%}")
+    print(f"{'overall':<34}{o['n']:>9}{o['success']:>8}{o['rate']:>8.0%}")
     for k, v in (summary.get("pass_at_k") or {}).items():
         print(f"pass@{k}: {v:.1%}")
     if out is not None:
@@ -226,7 +226,7 @@ def write_report(out: Path, summary: dict, records: list[dict]) -> None:
     e = html.escape
     rows = []
     for r in records:
-        name = f"{r['task']}__{r['episode']}"
+        name = episode_name(r["task"], r["episode"])
         rows.append(
             f"<tr><td><a href='{e(name)}.html'>{e(r['task'])}</a></td><td>{r['episode']}</td>"
             f"<td>{e(str(r.get('category')))}</td><td>{e(str(r.get('difficulty')))}</td>"
@@ -256,7 +256,7 @@ def write_report(out: Path, summary: dict, records: list[dict]) -> None:
 
 def _episode_page(out: Path, rep: Path, r: dict) -> None:
     e = html.escape
-    name = f"{r['task']}__{r['episode']}"
+    name = episode_name(r["task"], r["episode"])
     traj = out / "trajectories" / name
     steps = read_jsonl(traj / "steps.jsonl")
 
@@ -316,7 +316,14 @@ def add_arguments(p) -> None:
 
     p.add_argument("--env", default="coda/KAlgebra-v0", help="env id (`coda envs` lists them)")
     p.add_argument("--agent", default="oracle", choices=AGENTS, help="the agent to evaluate")
-    p.add_argument("--tasks", nargs="*", default=None, help="task ids (default: the whole suite)")
+    p.add_argument(
+        "--tasks",
+        nargs="*",
+        default=None,
+        help="task ids (default: the whole suite); task family names, or `families` for all, run --episodes "
+        "instances of --split (`coda tasks APP --families` lists them)",
+    )
+    p.add_argument("--split", choices=("train", "val", "test"), default=None, help="the split of family instances")
     p.add_argument(
         "--tasks-dir",
         action="append",
@@ -392,6 +399,14 @@ def main_eval(args) -> int:
     base = probe.unwrapped
     app, screen, tasks = base.app_name, (base.width, base.height), base.tasks
     probe.close()
+    episodes = args.episodes
+    if args.tasks or args.split:  # family names become --episodes instances of --split, one episode each
+        from coda_env.families import expand
+
+        named = list(args.tasks or [])
+        args.tasks = expand(app, named, args.split, args.episodes, args.seed)
+        if args.tasks != named:
+            episodes = 1
     unknown = [t for t in args.tasks or [] if t not in tasks]
     if unknown:
         raise ValueError(
@@ -428,7 +443,7 @@ def main_eval(args) -> int:
         agent,
         out,
         args.tasks,
-        args.episodes,
+        episodes,
         args.num_envs,
         args.seed,
         env_kwargs,

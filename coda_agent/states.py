@@ -602,6 +602,14 @@ def add_arguments(sub) -> None:
     s.add_argument("--tasks", nargs="*", default=None, help="task ids for `oracle` (default: all with a solution)")
     s.add_argument("--tasks-dir", action="append", default=[], metavar="DIR", help="more task files for `oracle`")
     s.add_argument(
+        "--split",
+        choices=("train", "val", "test"),
+        default=None,
+        help="with task families in --tasks (or `--tasks families`): replay --limit instances of this split",
+    )
+    s.add_argument("--limit", type=int, default=100, help="family instances to replay (with --split)")
+    s.add_argument("--seed", type=int, default=0, help="which family instances: the seed that draws them")
+    s.add_argument(
         "--judge",
         action="append",
         default=None,
@@ -649,6 +657,15 @@ def main_states(args) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"--out {out} exists and is not an empty folder")
     sources = _sources(args.sources)
+    tasks = args.tasks
+    if tasks or args.split:
+        import gymnasium as gym
+
+        from coda_env.families import expand
+
+        if args.limit < 1:
+            raise ValueError("--limit must be >= 1")
+        tasks = expand(gym.spec(args.env).kwargs.get("app", ""), tasks or [], args.split, args.limit, args.seed)
     judge = None
     if args.judge:
         from .judge import Judge, JudgeConfig
@@ -668,7 +685,7 @@ def main_states(args) -> int:
                 say(f"oracle replays of {args.env}")
                 yield from oracle_states(
                     args.env,
-                    args.tasks,
+                    tasks,
                     args.tasks_dir,
                     args.history,
                     args.radius,

@@ -23,7 +23,9 @@ the desktop dies (info["error"] says which; the next reset recovers).
 
 ## Arguments
 `app`, `backend` ("local" | "libvirt" | ..., coda_env.backends.BACKENDS), `desktop` (one built by the caller:
-tests, custom backends), `task`/`tasks`/`task_dirs`, `screen`, `reward`, `action_mode`, `render_mode`,
+tests, custom backends), `task`/`tasks`/`task_dirs` (`tasks` may name task families, or be "families" for
+all of the app's: each reset then draws an instance, `split` saying of which split; coda_env.families),
+`screen`, `reward`, `action_mode`, `render_mode`,
 `max_steps`, `a11y_tree`, `settle_timeout`/`settle_quiet` (after every action, and between the statements
 of one, the env waits until the screen is unchanged for settle_quiet seconds, at most settle_timeout: no
 fixed sleep), `ready_timeout`,
@@ -54,6 +56,7 @@ from .checks import run_checks
 from .registry import App, AppError, CheckContext, get_app_spec
 from .scoring import Episode, FrameKeeper, Scorer, ScoringError
 from .session import Session, Spare
+from . import families
 from .tasks import Task, TaskError, load_tasks
 
 CHARSET = string.printable + "".join(chr(c) for c in range(0xA0, 0x3000))
@@ -82,7 +85,8 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         app: str,
         backend: str = DEFAULT_BACKEND,
         task: str | None = None,
-        tasks: Sequence[str] | None = None,
+        tasks: Sequence[str] | str | None = None,
+        split: str | None = None,
         task_dirs: Sequence[str] | None = None,
         screen: tuple[int, int] = (1280, 800),
         reward: str | Scorer = "check",
@@ -129,18 +133,28 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         self.info_timings = info_timings
         self.timings: dict[str, float] = {}
         self.task_dirs = list(task_dirs or [])
-        all_tasks = load_tasks(app, self.task_dirs)
-        wanted = [task] if task is not None else list(tasks or [])
-        unknown = [t for t in wanted if t not in all_tasks]
+        fams = families.families(app)
+        self.tasks = families.TaskSet(load_tasks(app, self.task_dirs), fams)
+        if tasks == "families":
+            wanted = families.pick_families(app, "families")
+        elif isinstance(tasks, str):
+            raise TaskError(f"tasks must be a list of task ids and family names, or 'families'; got {tasks!r}")
+        else:
+            wanted = [task] if task is not None else list(tasks or [])
+        unknown = [t for t in wanted if t not in self.tasks and t not in fams]
         if unknown:
             raise TaskError(
                 f"unknown task{'s' if len(unknown) > 1 else ''} for app {app!r}: "
-                f"{', '.join(map(repr, unknown))} (`coda tasks {app}` lists them)"
+                f"{', '.join(map(repr, unknown))} (`coda tasks {app}` lists them, `--families` its families)"
             )
-        if not all_tasks:
+        if split is not None and split not in families.SPLITS:
+            raise TaskError(f"split must be one of {', '.join(families.SPLITS)}, got {split!r}")
+        if split is not None and not any(t in fams for t in wanted):
+            raise TaskError("split= draws family instances: name families in tasks= (or tasks='families')")
+        if not self.tasks and not wanted:
             raise TaskError(f"app {app!r} has no valid tasks (`coda tasks {app}` lists broken files)")
-        self.tasks = all_tasks
-        self.task_ids = wanted or list(all_tasks)
+        self.split = split
+        self.task_ids = wanted or list(self.tasks)  # task ids, and family names (an instance drawn per reset)
         obs = {
             "screenshot": spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
             "instruction": Text(max_length=MAX_TEXT, charset=CHARSET),
@@ -241,7 +255,7 @@ class CodaEnv(gym.Env[ObsType, ActType]):
         else:
             peek = np.random.Generator(type(self.np_random.bit_generator)())
             peek.bit_generator.state = self.np_random.bit_generator.state
-            task, sure = self.tasks[self.task_ids[int(peek.integers(len(self.task_ids)))]], False
+            task, sure = self._draw(peek), False
         self._spare.prepare(self._spare.session, task, sure, lambda d: self._settle(desktop=d))
 
     def _observation(self, frame: np.ndarray) -> dict[str, Any]:
@@ -261,7 +275,13 @@ class CodaEnv(gym.Env[ObsType, ActType]):
             if wanted not in self.tasks:
                 raise TaskError(f"unknown task {wanted!r} for app {self.app_name!r}")
             return self.tasks[wanted]
-        return self.tasks[self.task_ids[int(self.np_random.integers(len(self.task_ids)))]]
+        return self._draw(self.np_random)
+
+    def _draw(self, rng: np.random.Generator) -> Task:
+        """A task of task_ids drawn with `rng`; a family name there stands for an instance of `split`."""
+        pick = self.task_ids[int(rng.integers(len(self.task_ids)))]
+        fam = self.tasks.families.get(pick)
+        return fam.draw(rng, self.split) if fam is not None and pick not in self.tasks.static else self.tasks[pick]
 
     # ----------------------------------------------------------------------------------------- API
     def reset(self, *, seed: int | None = None, options: dict | None = None):

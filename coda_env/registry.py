@@ -232,6 +232,7 @@ class AppSpec:
     setup_ops: Sequence[SetupOp] = ()
     task_dir: Path | None = None  # the package's tasks/ folder
     tasks: Sequence[dict] = ()  # tasks given inline (a test's throwaway app)
+    families: Sequence[Any] = ()  # families.Family generators of seeded task instances
     available: Callable[[], str | None] = lambda: None  # None: runnable here; else one line: what is missing
     scienceboard: Any = None  # module with convert(sb_task, path) -> coda task dict
     scienceboard_names: tuple[str, ...] = ()  # ScienceBoard "type" values / folders it translates

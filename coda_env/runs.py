@@ -78,8 +78,14 @@ def append_jsonl(path: Path, record: dict) -> None:
         f.write(json.dumps(py(record)) + "\n")
 
 
+def episode_name(task_id: str, episode: int) -> str:
+    """An episode's file name: `<task>__<episode>`, a family instance's `family/seed` written `family@seed` (no
+    task file id holds '@')."""
+    return f"{task_id.replace('/', '@')}__{int(episode)}"
+
+
 def trajectory_dir(out: Path, task_id: str, episode: int) -> Path:
-    return inside(out, "trajectories", f"{task_id}__{int(episode)}")
+    return inside(out, "trajectories", episode_name(task_id, episode))
 
 
 class TrajectoryWriter:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...backends.fake import FakeDesktop, FakeProcess
+from ...families import Family
 from ...registry import AppError, AppSpec, CheckType, LaunchContext, register_app
 
 
@@ -108,6 +109,25 @@ FAKE_TASKS = [
 ]
 
 
+def _type_sample(rng) -> dict:
+    return {"n": rng.randint(0, 999)}
+
+
+def _type_build(p: dict) -> dict:
+    return {
+        "instruction": f"Type {p['n']} in the field and press Enter.",
+        "steps": 5,
+        "evaluate": [{"type": "state", "path": "value", "value": str(p["n"])}],
+        "solution": [f"pyautogui.write('{p['n']}')", "pyautogui.press('enter')", "DONE"],
+        "difficulty": "easy",
+        "category": "Entry",
+    }
+
+
+# A FAKE family of seeded tasks (coda_env.families) for the fast tests of families in the env.
+FAKE_FAMILIES = [Family("fake_type", "fake", "type a number", {"n": "0..999"}, _type_sample, _type_build, 1000)]
+
+
 def register_fake(tasks: Sequence[dict] = FAKE_TASKS) -> AppSpec:
     """Register the FAKE app as `coda/Fake-v0` (backend 'fake'); tests call this, `import coda_env` does not."""
     return register_app(
@@ -116,6 +136,7 @@ def register_fake(tasks: Sequence[dict] = FAKE_TASKS) -> AppSpec:
             env_id="coda/Fake-v0",
             adapter=FakeApp,
             tasks=list(tasks),
+            families=FAKE_FAMILIES,
             checks=[CheckType("fake_clicks", _clicks, lambda c: None, required={"at_least"})],
             env_kwargs={"backend": "fake", "settle_quiet": 0.0, "settle_timeout": 0.0},
             description="a scripted FAKE app for fast tests (no X server)",

@@ -13,6 +13,7 @@ from ...registry import AppSpec, register_app
 from . import scienceboard
 from .adapter import KAlgebra
 from .checks import CHECKS
+from .families import FAMILIES
 from .setup import SETUP_OPS
 
 
@@ -29,6 +30,7 @@ SPEC = register_app(
         adapter=KAlgebra,
         checks=CHECKS,
         setup_ops=SETUP_OPS,
+        families=FAMILIES,
         task_dir=Path(__file__).parent / "tasks",
         available=available,
         scienceboard=scienceboard,
