@@ -1,6 +1,6 @@
 """Task families (coda_env.families): every registered family's instances validate, are deterministic, keep to
-their split; the env draws and replays them; KAlgebra's oracles solve them on the real app and score 0 on the
-wrong instance."""
+their split; the env draws and replays them; the oracles solve them on the real apps (KAlgebra, TeXstudio) and
+score 0 on the wrong instance."""
 
 from __future__ import annotations
 
@@ -148,8 +148,8 @@ def test_bad_family_options_name_the_problem(fake_app):
     env.close()
 
 
-# ------------------------------------------------------------------------------------------ real KAlgebra
-KALGEBRA = [f for f in ALL if f.app == "kalgebra"]
+# ------------------------------------------------------------------------------------------ the real apps
+REAL = sorted((f for f in ALL if f.app in ("kalgebra", "texstudio")), key=lambda f: f.app)
 
 
 def _replay(env, tid: str, oracle: str) -> tuple[float, dict]:
@@ -178,22 +178,41 @@ def _oracle_check(env, family, n: int) -> None:
     print(family.name, f"oracle {sum(solved)}/{len(solved)} test-split instances")
 
 
+class _Envs:
+    """One real env at a time, per app, over the module (the families are grouped by app)."""
+
+    def __init__(self):
+        self.app, self.env = None, None
+
+    def get(self, app: str):
+        if app != self.app:
+            self.close()
+            self.app = app
+            self.env = gym.make(APPS[app].env_id, tasks="families", split="test")
+        return self.env
+
+    def close(self):
+        if self.env is not None:
+            self.env.close()
+        self.app, self.env = None, None
+
+
 @pytest.fixture(scope="module")
-def kalgebra_families_env():
-    env = gym.make("coda/KAlgebra-v0", tasks="families", split="test")
-    yield env
-    env.close()
+def family_envs():
+    envs = _Envs()
+    yield envs
+    envs.close()
 
 
-@pytest.mark.parametrize("family", KALGEBRA, ids=lambda f: f.name)
-def test_kalgebra_oracles_solve_two_test_instances(kalgebra_families_env, family):
-    _oracle_check(kalgebra_families_env, family, 2)
+@pytest.mark.parametrize("family", REAL, ids=lambda f: f.name)
+def test_oracles_solve_two_test_instances(family_envs, family):
+    _oracle_check(family_envs.get(family.app), family, 2)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", KALGEBRA, ids=lambda f: f.name)
-def test_kalgebra_oracles_solve_twenty_test_instances(kalgebra_families_env, family):
-    _oracle_check(kalgebra_families_env, family, 20)
+@pytest.mark.parametrize("family", REAL, ids=lambda f: f.name)
+def test_oracles_solve_twenty_test_instances(family_envs, family):
+    _oracle_check(family_envs.get(family.app), family, 20)
 
 
 @pytest.mark.fast

@@ -12,6 +12,7 @@ from ...registry import AppSpec, register_app
 from . import scienceboard
 from .adapter import TeXstudio
 from .checks import CHECKS
+from .families import FAMILIES
 from .setup import SETUP_OPS
 
 
@@ -32,6 +33,7 @@ SPEC = register_app(
         adapter=TeXstudio,
         checks=CHECKS,
         setup_ops=SETUP_OPS,
+        families=FAMILIES,
         task_dir=Path(__file__).parent / "tasks",
         available=available,
         scienceboard=scienceboard,
