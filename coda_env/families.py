@@ -36,7 +36,7 @@ class Family:
 
     `sample(rng)` draws the parameters (JSON data) from a `random.Random`; `build(params)` turns them into a
     task dict without "id" and "app"; `space` says in words what each parameter ranges over (for `coda tasks
-    APP --families`); `size` is the number of distinct parameter sets the family can draw."""
+    APP --families`); `size` is the number of distinct parameter sets the family can draw (or a lower bound)."""
 
     name: str
     app: str
