@@ -160,7 +160,13 @@ def _serve(argv: list[str]) -> int:
     p.add_argument(
         "--session-timeout", type=float, default=None, help="close a session idle this many seconds (default: never)"
     )
-    p.add_argument("--tasks", nargs="*", default=None, help="the tasks a reset with no task picks from (seeded)")
+    p.add_argument(
+        "--tasks",
+        nargs="*",
+        default=None,
+        help="the tasks a reset with no task picks from (seeded); task family names, or `families` for all",
+    )
+    p.add_argument("--split", choices=("train", "val", "test"), default=None, help="the split of family instances")
     p.add_argument(
         "--tasks-dir",
         action="append",
@@ -201,6 +207,8 @@ def _serve(argv: list[str]) -> int:
     env_kwargs: dict = {}
     if args.tasks:
         env_kwargs["tasks"] = list(args.tasks)
+    if args.split:
+        env_kwargs["split"] = args.split
     if args.tasks_dir:
         env_kwargs["task_dirs"] = [str(Path(d).resolve()) for d in args.tasks_dir]
     if args.max_steps:

@@ -141,6 +141,8 @@ class CodaEnv(gym.Env[ObsType, ActType]):
             raise TaskError(f"tasks must be a list of task ids and family names, or 'families'; got {tasks!r}")
         else:
             wanted = [task] if task is not None else list(tasks or [])
+            if "families" in wanted and "families" not in self.tasks:  # a command line's `--tasks families`
+                wanted = [t for t in wanted if t != "families"] + families.pick_families(app, "families")
         unknown = [t for t in wanted if t not in self.tasks and t not in fams]
         if unknown:
             raise TaskError(

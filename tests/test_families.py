@@ -126,6 +126,10 @@ def test_the_env_draws_instances_of_the_split_and_replays_one_by_id(fake_app):
     seen = {env.reset(seed=s)[1]["task"].split("/")[0] for s in range(20)}
     assert seen == {"fake_answer", "fake_type"}
     env.close()
+    env = gym.make("coda/Fake-v0", tasks=["families"], split="val")  # a command line's `--tasks families`
+    _, info = env.reset(seed=0)
+    assert fam.split(F.parse_id(info["task"])[1]) == "val"
+    env.close()
 
 
 @pytest.mark.fast

@@ -24,6 +24,7 @@ pytest.importorskip("openenv.core", reason="the openenv extra is not installed (
 from openenv.core import GenericEnvClient
 from PIL import Image
 
+from coda_env.families import families
 from coda_env.tasks import load_tasks
 
 from .conftest import live_token_pids, wait_until
@@ -186,6 +187,12 @@ def test_oracle_episode_bad_actions_and_close(server):
             env.reset(task="nope")
         result = env.reset(task="calc_ans_multiply")
         for action in load_tasks("kalgebra")["calc_ans_multiply"].solution:
+            result = env.step({"action": action})
+        assert result.done and result.reward == 1.0
+        fam = families("kalgebra")["calc_power"]  # a task family's instance, by its id
+        result = env.reset(task="calc_power/11")
+        assert result.observation["instruction"] == fam.instance(11).instruction
+        for action in fam.instance(11).solution:
             result = env.step({"action": action})
         assert result.done and result.reward == 1.0
         with pytest.raises(RuntimeError, match="reset"):
