@@ -404,7 +404,7 @@ def main_eval(args) -> int:
         from coda_env.families import expand
 
         named = list(args.tasks or [])
-        args.tasks = expand(app, named, args.split, args.episodes, args.seed)
+        args.tasks = expand(app, named, args.split, args.episodes, args.seed, tasks.static)
         if args.tasks != named:
             episodes = 1
     unknown = [t for t in args.tasks or [] if t not in tasks]

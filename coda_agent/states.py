@@ -665,7 +665,11 @@ def main_states(args) -> int:
 
         if args.limit < 1:
             raise ValueError("--limit must be >= 1")
-        tasks = expand(gym.spec(args.env).kwargs.get("app", ""), tasks or [], args.split, args.limit, args.seed)
+        from coda_env.tasks import load_tasks
+
+        app = gym.spec(args.env).kwargs.get("app", "")
+        dirs = [str(Path(d).resolve()) for d in args.tasks_dir]
+        tasks = expand(app, tasks or [], args.split, args.limit, args.seed, load_tasks(app, dirs))
     judge = None
     if args.judge:
         from .judge import Judge, JudgeConfig

@@ -20,7 +20,7 @@ import json
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .registry import get_app_spec
 from .tasks import Task, TaskError, parse_task
@@ -162,11 +162,14 @@ def instance_ids(app: str, names: Sequence[str] | str, split: str | None, n: int
     return ids
 
 
-def expand(app: str, names: Sequence[str], split: str | None, n: int, seed: int = 0) -> list[str]:
+def expand(
+    app: str, names: Sequence[str], split: str | None, n: int, seed: int = 0, task_ids: Iterable[str] = ()
+) -> list[str]:
     """Task ids for a command line's `--tasks`: "families" or family names become `n` instances of `split`
-    (instance_ids); task ids stay."""
+    (instance_ids); task ids stay (a name that is both, in `task_ids`, is the task)."""
     fams = families(app)
-    picked = [t for t in names if t == "families" or t in fams]
+    static = set(task_ids)
+    picked = [t for t in names if t not in static and (t == "families" or t in fams)]
     if not picked:
         if split is not None:
             raise TaskError("--split draws family instances: name families in --tasks (or --tasks families)")

@@ -60,6 +60,18 @@ def test_the_same_seed_gives_the_same_task_byte_for_byte(family):
 
 
 @pytest.mark.fast
+def test_no_family_is_named_like_a_shipped_task():
+    """`--tasks calc_power` must keep meaning the task file (a family of that name once took it over)."""
+    from coda_env.tasks import load_tasks
+
+    for spec in APPS.values():
+        clash = set(F.families(spec.name)) & set(load_tasks(spec.name)) if spec.families else set()
+        assert not clash, (spec.name, clash)
+    # and where a user's task is named like a family, the task wins on a command line
+    assert F.expand("kalgebra", ["plot2d_poly"], None, 3, task_ids=["plot2d_poly"]) == ["plot2d_poly"]
+
+
+@pytest.mark.fast
 def test_an_instance_is_the_same_on_every_machine():
     """random.Random seeded with a string hashes it with SHA-512: the stream, and so the task, are fixed."""
     kalg = F.families("kalgebra")
@@ -72,7 +84,7 @@ def test_an_instance_is_the_same_on_every_machine():
 
 @pytest.mark.fast
 def test_bad_seeds_and_hostile_generators_are_refused():
-    fam = F.families("kalgebra")["calc_power"]
+    fam = F.families("kalgebra")["calc_exponent"]
     for bad in (-1, F.MAX_SEED + 1, 1.5, True, "3"):
         with pytest.raises(TaskError, match="seed"):
             fam.instance(bad)
@@ -226,8 +238,8 @@ def test_command_lines_expand_family_names_into_instances_of_a_split(capsys):
     fams = F.families("kalgebra")
     assert len(set(ids)) == 14 and all(fams[F.parse_id(t)[0]].split(F.parse_id(t)[1]) == "test" for t in ids)
     assert {F.parse_id(t)[0] for t in ids} == set(fams)  # every family in turn
-    mixed = F.expand("kalgebra", ["plot_parabola", "calc_power"], "train", 3)
-    assert mixed[0] == "plot_parabola" and len(mixed) == 4 and all(t.startswith("calc_power/") for t in mixed[1:])
+    mixed = F.expand("kalgebra", ["plot_parabola", "calc_exponent"], "train", 3)
+    assert mixed[0] == "plot_parabola" and len(mixed) == 4 and all(t.startswith("calc_exponent/") for t in mixed[1:])
     assert F.expand("kalgebra", ["plot_parabola"], None, 3) == ["plot_parabola"]
     with pytest.raises(TaskError, match="--split draws family instances"):
         F.expand("kalgebra", ["plot_parabola"], "test", 3)
@@ -248,6 +260,6 @@ def test_coda_eval_and_coda_data_run_family_instances_of_a_split(tmp_path, capsy
     tasks = [e["task"] for e in res["episodes"]]
     assert tasks == F.instance_ids("kalgebra", "families", "test", 7) and all(e["success"] for e in res["episodes"])
     assert all((out / "trajectories" / f"{t.replace('/', '@')}__0" / "steps.jsonl").exists() for t in tasks)
-    argv = ["data", "states", "oracle", "--tasks", "calc_power", "--split", "train", "--limit", "2"]
+    argv = ["data", "states", "oracle", "--tasks", "calc_exponent", "--split", "train", "--limit", "2"]
     assert main([*argv, "--out", str(tmp_path / "st"), "--quiet"]) == 0
     assert "wrote 6 states" in capsys.readouterr().out  # 2 instances: click the console, type, DONE

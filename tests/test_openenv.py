@@ -189,8 +189,8 @@ def test_oracle_episode_bad_actions_and_close(server):
         for action in load_tasks("kalgebra")["calc_ans_multiply"].solution:
             result = env.step({"action": action})
         assert result.done and result.reward == 1.0
-        fam = families("kalgebra")["calc_power"]  # a task family's instance, by its id
-        result = env.reset(task="calc_power/11")
+        fam = families("kalgebra")["calc_exponent"]  # a task family's instance, by its id
+        result = env.reset(task="calc_exponent/11")
         assert result.observation["instruction"] == fam.instance(11).instruction
         for action in fam.instance(11).solution:
             result = env.step({"action": action})

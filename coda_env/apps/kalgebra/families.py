@@ -266,7 +266,7 @@ FAMILIES = [
         3 * 98 * 98 * len(VARIABLES),
     ),
     Family(
-        "calc_power",
+        "calc_exponent",
         "kalgebra",
         "store a to the power of n in a named variable in the Calculator",
         {"a": "2..12", "n": "2..6", "v": "a-z but e, i"},
