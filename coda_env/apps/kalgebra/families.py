@@ -179,6 +179,44 @@ def _power_build(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+FUNCTION_NAMES = ["f", "g", "h", "p", "q"]
+
+
+def _function_sample(rng: random.Random) -> dict[str, Any]:
+    fname = rng.choice(FUNCTION_NAMES)
+    return {
+        "f": fname,
+        "a": rng.choice(NONZERO_5),
+        "b": rng.randint(-9, 9),
+        "c": rng.randint(-9, 9),
+        "k": rng.randint(-5, 5),
+        "v": rng.choice([v for v in VARIABLES if v not in FUNCTION_NAMES]),
+    }
+
+
+def _function_build(p: dict[str, Any]) -> dict[str, Any]:
+    pairs = [(p["a"], "x^2"), (p["b"], "x"), (p["c"], "")]
+    expr, shown = _terms(pairs, True), _terms(pairs, False)
+    k = p["k"]
+    value = p["a"] * k * k + p["b"] * k + p["c"]
+    define, store = f"{p['f']}:=x->{expr}", f"{p['v']}:={p['f']}({k})"
+    return {
+        "instruction": (
+            f"In KAlgebra's Calculator, define a function `{p['f']}` with {p['f']}(x) = {shown}, then store "
+            f"{p['f']}({k}) in a variable named `{p['v']}`."
+        ),
+        "steps": 8,
+        "difficulty": "medium",
+        "category": "Calculator",
+        "evaluate": [{"type": "val", "name": p["v"], "value": value, "tol": 1e-06}],
+        "solution": [
+            f"{_click(CONSOLE)}\n{_write(define)}",
+            f"pyautogui.hotkey('ctrl', 'a')\n{_write(store)}",
+            "DONE",
+        ],
+    }
+
+
 # ------------------------------------------------------------------------------------------ the dictionary
 # Operations of KAlgebra's Dictionary (its MathML operator list, as the Dictionary tab shows them).
 OPERATIONS = [
@@ -273,6 +311,22 @@ FAMILIES = [
         _power_sample,
         _power_build,
         11 * 5 * len(VARIABLES),
+    ),
+    Family(
+        "calc_function_value",
+        "kalgebra",
+        "define a quadratic function in the Calculator, then store its value at a point (two steps)",
+        {
+            "f": "f, g, h, p, q",
+            "a": "-5..5 but 0",
+            "b": "-9..9",
+            "c": "-9..9",
+            "k": "-5..5",
+            "v": "a-z but e, i, f-q's names",
+        },
+        _function_sample,
+        _function_build,
+        5 * 10 * 19 * 19 * 11 * (len(VARIABLES) - 5),
     ),
     Family(
         "dict_lookup",
