@@ -94,8 +94,8 @@ def families(app: str) -> dict[str, Family]:
 def parse_id(task_id: str) -> tuple[str, int] | None:
     """("family", seed) for an instance id `family/seed`; None for any other id."""
     name, sep, seed = task_id.partition("/")
-    if not sep or not seed.isdigit() or len(seed) > 10:
-        return None
+    if not sep or not seed.isdigit() or len(seed) > 10 or (seed.startswith("0") and seed != "0"):
+        return None  # one spelling per instance: "plot2d_poly/007" is not "plot2d_poly/7"
     return name, int(seed)
 
 
