@@ -137,13 +137,15 @@ def test_the_screen_settles_between_the_statements_of_one_action():
     shot, inp = desk.screenshot, desk.input
     desk.screenshot = lambda: log.append("shot") or shot()
     desk.input = lambda a: log.append(a.kind) or inp(a)
-    env.step("pyautogui.click(5, 5)\npyautogui.hotkey('ctrl', 'a')\npyautogui.press('backspace')")
+    try:
+        env.step("pyautogui.click(5, 5)\npyautogui.hotkey('ctrl', 'a')\npyautogui.press('backspace')")
+    finally:
+        env.close()  # also when an assertion below would fail: no folder left behind
     kinds = [e for e in log if e != "shot"]
     assert kinds == ["click", "hotkey", "press"], log
     for a, b in zip(kinds, kinds[1:]):
         between = log[log.index(a) + 1 : log.index(b)]
         assert "shot" in between, (a, b, log)
-    env.close()
 
 
 def test_structured_samples_never_raise():

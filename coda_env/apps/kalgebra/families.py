@@ -49,7 +49,7 @@ def _terms(pairs: list[tuple[int, str]], kalgebra: bool) -> str:
     return out or "0"
 
 
-def _plot(dim: int, expr: str, f, points_xy: list[tuple[float, ...]]) -> list[list]:
+def _plot(f, points_xy: list[tuple[float, ...]]) -> list[list]:
     """`eqn` points: on the curve at each (x[, y]), and off it by 1 at the first two."""
     on = [[*p, round(f(*p), 9), True] for p in points_xy]
     off = [[*p, round(f(*p) + 1, 9), False] for p in points_xy[:2]]
@@ -70,7 +70,7 @@ def _poly2d_build(p: dict[str, Any]) -> dict[str, Any]:
         "steps": 6,
         "difficulty": "easy",
         "category": "2D Graph",
-        "evaluate": [{"type": "eqn", "dim": 2, "points": _plot(2, expr, f, [(-2,), (1,), (3,)])}],
+        "evaluate": [{"type": "eqn", "dim": 2, "points": _plot(f, [(-2,), (1,), (3,)])}],
         "solution": [_click(TAB_XY["2D Graph"]), f"{_click(FIELD_2D)}\n{_write(expr)}", "DONE"],
     }
 
@@ -99,7 +99,7 @@ def _trig2d_build(p: dict[str, Any]) -> dict[str, Any]:
         "steps": 6,
         "difficulty": "easy",
         "category": "2D Graph",
-        "evaluate": [{"type": "eqn", "dim": 2, "points": _plot(2, expr, f, [(0.5,), (1,), (2,)])}],
+        "evaluate": [{"type": "eqn", "dim": 2, "points": _plot(f, [(0.5,), (1,), (2,)])}],
         "solution": [_click(TAB_XY["2D Graph"]), f"{_click(FIELD_2D)}\n{_write(expr)}", "DONE"],
     }
 
@@ -109,18 +109,24 @@ def _plane_sample(rng: random.Random) -> dict[str, Any]:
     return {"a": rng.choice(NONZERO_9), "b": rng.choice(NONZERO_9), "c": rng.randint(-9, 9)}
 
 
-def _plane_build(p: dict[str, Any]) -> dict[str, Any]:
-    pairs = [(p["a"], "x"), (p["b"], "y"), (p["c"], "")]
+def _surface_build(p: dict[str, Any], monomials: tuple[str, str], noun: str, difficulty: str) -> dict[str, Any]:
+    """z = a·m1 + b·m2 + c in the 3D Graph (a plane for x, y; a paraboloid for x^2, y^2)."""
+    pairs = [(p["a"], monomials[0]), (p["b"], monomials[1]), (p["c"], "")]
     expr, shown = _terms(pairs, True), _terms(pairs, False)
-    f = lambda x, y: p["a"] * x + p["b"] * y + p["c"]  # noqa: E731
+    power = 2 if monomials[0] == "x^2" else 1
+    f = lambda x, y: p["a"] * x**power + p["b"] * y**power + p["c"]  # noqa: E731
     return {
-        "instruction": f"In KAlgebra's 3D Graph, plot the plane z = {shown}.",
+        "instruction": f"In KAlgebra's 3D Graph, plot the {noun} z = {shown}.",
         "steps": 6,
-        "difficulty": "easy",
+        "difficulty": difficulty,
         "category": "3D Graph",
-        "evaluate": [{"type": "eqn", "dim": 3, "points": _plot(3, expr, f, [(1, 2), (-2, 1), (3, -1)])}],
+        "evaluate": [{"type": "eqn", "dim": 3, "points": _plot(f, [(1, 2), (-2, 1), (3, -1)])}],
         "solution": [_click(TAB_XY["3D Graph"]), f"{_click(FIELD_3D)}\n{_write(expr)}", "DONE"],
     }
+
+
+def _plane_build(p: dict[str, Any]) -> dict[str, Any]:
+    return _surface_build(p, ("x", "y"), "plane", "easy")
 
 
 def _paraboloid_sample(rng: random.Random) -> dict[str, Any]:
@@ -128,17 +134,7 @@ def _paraboloid_sample(rng: random.Random) -> dict[str, Any]:
 
 
 def _paraboloid_build(p: dict[str, Any]) -> dict[str, Any]:
-    pairs = [(p["a"], "x^2"), (p["b"], "y^2"), (p["c"], "")]
-    expr, shown = _terms(pairs, True), _terms(pairs, False)
-    f = lambda x, y: p["a"] * x * x + p["b"] * y * y + p["c"]  # noqa: E731
-    return {
-        "instruction": f"In KAlgebra's 3D Graph, plot the surface z = {shown}.",
-        "steps": 6,
-        "difficulty": "medium",
-        "category": "3D Graph",
-        "evaluate": [{"type": "eqn", "dim": 3, "points": _plot(3, expr, f, [(1, 2), (-2, 1), (3, -1)])}],
-        "solution": [_click(TAB_XY["3D Graph"]), f"{_click(FIELD_3D)}\n{_write(expr)}", "DONE"],
-    }
+    return _surface_build(p, ("x^2", "y^2"), "surface", "medium")
 
 
 # ------------------------------------------------------------------------------------------ the calculator
